@@ -1,0 +1,26 @@
+# The two commands of the README's quick start. Each installs what it needs first.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install train test test-fast test-slow lint
+
+# CPU torch where no CUDA driver is present: a pinned version resolves to the CPU wheel here,
+# an unpinned `torch` would pull the multi-GB CUDA build.
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_VERSION)"
+	@$(PIP) install -q -e ".[dev]"
+
+train: install
+	$(PYTHON) train.py $(ARGS)
+
+test: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -m slow
+
+test-fast: install
+	$(PYTHON) -m pytest -q -m "not slow"
+
+lint:
+	$(PYTHON) -m ruff check .

@@ -1,0 +1,32 @@
+"""GPT-2 model configuration and the size presets (MARS_SPEC section 6)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class GPTConfig:
+    """Field names are the `model.*` config keys and GPT's constructor arguments."""
+
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    bias: bool = False
+    dropout: float = 0.0
+    scale_attn_by_inverse_layer_idx: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # a few million non-embedding parameters: CPU runs in minutes
+    "gpt2_tiny": GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=256),
+    "gpt2_small": GPTConfig(n_layer=12, n_head=12, n_embd=768),
+    "gpt2_medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024),
+    "gpt2_large": GPTConfig(n_layer=36, n_head=20, n_embd=1280),
+    "gpt2_xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600),
+}

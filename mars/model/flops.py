@@ -1,0 +1,93 @@
+"""Training FLOPs per token and model FLOPs utilisation (MFU).
+
+flops_per_token counts the matmuls of one forward + backward pass (backward = 2x forward), as
+in the PaLM paper's appendix B and nanoGPT's estimate_mfu:
+
+    6 * N_matmul + 12 * n_layer * n_embd * seq_len
+
+N_matmul = the transformer blocks' weights + the lm_head matrix (n_embd x vocab_size; the
+embedding lookups are not matmuls); the second term is the attention scores (q k^T) and the
+weighted sum of values, counted for the full T x T square as PaLM does (no causal discount).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mars.model.config import GPTConfig
+
+PEAK_FLOPS_ENV = "MARS_PEAK_FLOPS"
+
+# Dense (no sparsity) bf16 tensor-core peaks, FLOP/s, from the vendor data sheets. Matched
+# against torch.cuda.get_device_name in order, first substring wins (so "H100 PCIe" is tried
+# before "H100", and "GH200" / "H200" both give the H200 figure).
+PEAK_FLOPS_BF16: tuple[tuple[str, float], ...] = (
+    ("A100", 312e12),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM / HBM3
+    ("H200", 989e12),
+)
+
+
+def block_params(cfg: GPTConfig) -> int:
+    """Parameters of one transformer block (weights, plus biases and LayerNorm shifts if bias)."""
+    C, b = cfg.n_embd, int(cfg.bias)
+    attn = C * 3 * C + b * 3 * C + C * C + b * C
+    mlp = C * 4 * C + b * 4 * C + 4 * C * C + b * C
+    norms = 2 * (C + b * C)
+    return attn + mlp + norms
+
+
+def count_params(cfg: GPTConfig, non_embedding: bool = True) -> int:
+    """GPT(cfg).num_params(non_embedding) without building the model."""
+    n = cfg.n_layer * block_params(cfg) + cfg.n_embd * (1 + int(cfg.bias))  # blocks + ln_f
+    if not non_embedding:
+        n += cfg.vocab_size * cfg.n_embd + cfg.block_size * cfg.n_embd  # wte (= lm_head) + wpe
+    return n
+
+
+def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> float:
+    """Training (forward + backward) FLOPs per token at sequence length seq_len (default block_size)."""
+    T = cfg.block_size if seq_len is None else seq_len
+    C = cfg.n_embd
+    n_matmul = cfg.n_layer * 12 * C * C + C * cfg.vocab_size  # qkv 3C^2, proj C^2, mlp 8C^2; lm_head
+    return float(6 * n_matmul + 12 * cfg.n_layer * C * T)
+
+
+def peak_flops(device: torch.device | str | None = None, override: float | None = None) -> float | None:
+    """Peak dense bf16 FLOP/s of one device: ``override``, else $MARS_PEAK_FLOPS, else the table
+    entry matching the CUDA device's name. None on CPU and for GPUs not in the table."""
+    if override is not None:
+        return float(override)
+    env = os.environ.get(PEAK_FLOPS_ENV)
+    if env:
+        try:
+            return float(env)
+        except ValueError as e:
+            raise ValueError(f"{PEAK_FLOPS_ENV}={env!r} is not a number (FLOP/s, e.g. 989e12)") from e
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, peak in PEAK_FLOPS_BF16:
+        if key in name:
+            return peak
+    return None
+
+
+def mfu(
+    tokens_per_s: float,
+    flops_per_token: float,
+    device: torch.device | str | None = None,
+    num_devices: int = 1,
+    peak: float | None = None,
+) -> float | None:
+    """Achieved / peak FLOP/s, as a fraction. tokens_per_s is the throughput of all num_devices
+    together. None when the peak is unknown (CPU, or a GPU missing from the table and no override)."""
+    peak = peak_flops(device, override=peak)
+    if peak is None:
+        return None
+    return tokens_per_s * flops_per_token / (peak * num_devices)

@@ -1,0 +1,140 @@
+"""GPT-2 with the options of the reference runs (MARS_SPEC section 6).
+
+Parameter names follow nanoGPT (and therefore Hugging Face's GPT2LMHeadModel):
+``transformer.wte``, ``transformer.wpe``, ``transformer.h.{i}.{ln_1,attn.c_attn,attn.c_proj,ln_2,
+mlp.c_fc,mlp.c_proj}``, ``transformer.ln_f`` and ``lm_head`` (the same tensor as ``wte``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mars.model.config import GPTConfig
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        if config.n_embd % config.n_head != 0:
+            raise ValueError(f"n_embd={config.n_embd} is not divisible by n_head={config.n_head}")
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        # softmax(q k^T * scale): the usual 1/sqrt(head_dim), times 1/(layer_idx + 1) when
+        # scale_attn_by_inverse_layer_idx is on (computed in the same order as transformers' GPT-2).
+        self.scale = (config.n_embd // config.n_head) ** -0.5
+        if config.scale_attn_by_inverse_layer_idx:
+            self.scale /= float(layer_idx + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True, scale=self.scale
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()  # exact (erf) GELU; exported to Hugging Face as activation "gelu"
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.init_weights()
+
+    def tie_weights(self) -> None:
+        """Make lm_head use the token embedding matrix (call again after ``to_empty``)."""
+        self.lm_head.weight = self.transformer.wte.weight
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, and the residual
+        projections (attn.c_proj, mlp.c_proj) at 0.02 / sqrt(2 * n_layer)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, module in self.named_modules():
+            if module is self.lm_head:
+                continue  # shares its weight with wte, drawn once below as an Embedding
+            if isinstance(module, nn.Linear):
+                std = residual_std if name.endswith("c_proj") else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count, the tied wte/lm_head matrix counted once. ``non_embedding`` leaves out
+        the token (wte, shared with lm_head) and position (wpe) embeddings."""
+        n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
+        if non_embedding:
+            n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx, targets: int64 (B, T) token ids, T <= block_size; targets of -1 are ignored.
+        Returns the logits (B, T, vocab_size) for every position, and the mean token
+        cross-entropy computed in fp32 (None without targets)."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+            )
+        return logits, loss

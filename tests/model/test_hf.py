@@ -1,0 +1,205 @@
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mars.data.tokenizer import VOCAB_SIZE, get_tokenizer
+from mars.model.config import PRESETS
+from mars.model.gpt import GPT
+from mars.model.hf import export_hf, from_hf, scale_is_honoured, to_hf
+from mars.model.io import save_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import export_hf as export_script  # noqa: E402
+
+
+def real_logits(model, idx):
+    with torch.no_grad():
+        return model(idx)[0][..., :VOCAB_SIZE]
+
+
+def assert_same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
+
+
+def variant(model, **changes):
+    """The same weights under a changed config (biases dropped for bias=False), built without init."""
+    cfg = dataclasses.replace(model.config, **changes)
+    with torch.device("meta"):
+        other = GPT(cfg)
+    other.to_empty(device="cpu").tie_weights()
+    other.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if cfg.bias or not k.endswith(".bias")}
+    )
+    return other.eval()
+
+
+@pytest.mark.parametrize("preset", ["gpt2_tiny", "gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl"])
+def test_exported_logits_match_for_every_preset_width(make_model, preset):
+    p = PRESETS[preset]
+    # the full padded vocabulary at the tiny width; a small one at the big widths keeps this fast
+    # (the vocabulary slicing does not depend on the width)
+    vocab = p.vocab_size if preset == "gpt2_tiny" else 1024
+    idx = torch.randint(0, min(vocab, VOCAB_SIZE), (1, 16))
+    base = make_model(n_head=p.n_head, n_embd=p.n_embd, block_size=32, vocab_size=vocab, bias=True)
+    for bias in (False, True):
+        for scaled in (False, True):
+            model = variant(base, bias=bias, scale_attn_by_inverse_layer_idx=scaled)
+            hf = to_hf(model)
+            assert hf.config.vocab_size == min(vocab, VOCAB_SIZE) and hf.config.n_positions == 32
+            assert hf.config.scale_attn_by_inverse_layer_idx is scaled
+            with torch.no_grad():
+                theirs = hf(idx).logits
+            diff = (real_logits(model, idx) - theirs).abs().max().item()
+            assert diff <= 1e-4, (preset, bias, scaled, diff)
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_layer_index_scaling_is_honoured_by_transformers(make_model, attn_implementation):
+    assert scale_is_honoured(attn_implementation)
+    model = make_model(n_layer=3, vocab_size=50304, scale_attn_by_inverse_layer_idx=True)
+    with torch.no_grad():  # sharper attention, so that the 1/(layer_idx + 1) factor matters
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(10)
+    idx = torch.randint(0, VOCAB_SIZE, (2, 16))
+    hf = to_hf(model, attn_implementation=attn_implementation)
+    assert hf.config._attn_implementation == attn_implementation
+    unscaled = to_hf(
+        variant(model, scale_attn_by_inverse_layer_idx=False), attn_implementation=attn_implementation
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, real_logits(model, idx), rtol=0, atol=1e-5)
+        assert (unscaled(idx).logits - hf(idx).logits).abs().max() > 1e-3  # the factor is not a no-op
+
+
+def test_to_hf_copies_weights(make_model):
+    model = make_model(vocab_size=50304)
+    hf = to_hf(model)
+    assert hf.lm_head.weight is hf.transformer.wte.weight
+    assert torch.equal(hf.transformer.h[1].attn.c_attn.weight, model.transformer.h[1].attn.c_attn.weight.t())
+    assert torch.count_nonzero(hf.transformer.h[0].mlp.c_fc.bias) == 0  # bias=False: zero biases
+    with torch.no_grad():
+        hf.transformer.wte.weight.zero_()
+    assert model.transformer.wte.weight.abs().sum() > 0
+    assert model.training == hf.training
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_export_then_import_is_bit_identical(make_model, bias):
+    model = make_model(vocab_size=50304, bias=bias, dropout=0.1)
+    back = from_hf(to_hf(model))
+    assert back.config == model.config
+    assert back.lm_head.weight is back.transformer.wte.weight
+    ours, theirs = model.state_dict(), back.state_dict()
+    for k in ours:
+        if k in ("transformer.wte.weight", "lm_head.weight"):
+            assert torch.equal(theirs[k][:VOCAB_SIZE], ours[k][:VOCAB_SIZE])
+            assert torch.count_nonzero(theirs[k][VOCAB_SIZE:]) == 0  # padding rows come back as zeros
+        else:
+            assert torch.equal(theirs[k], ours[k]), k
+    # with zero padding rows the round trip is exact in every tensor, and HF -> ours -> HF too
+    with torch.no_grad():
+        model.transformer.wte.weight[VOCAB_SIZE:] = 0
+    assert_same_state(model, from_hf(to_hf(model)))
+    hf = to_hf(model)
+    assert_same_state(hf, to_hf(from_hf(hf)))
+
+
+def test_small_vocab_is_exported_whole(make_model):
+    model = make_model(vocab_size=128)
+    hf = to_hf(model)
+    assert hf.config.vocab_size == 128 and hf.config.eos_token_id is None
+    assert_same_state(model, from_hf(hf))
+
+
+def test_import_of_plain_hf_model_detects_bias_and_pads_vocab():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = dict(
+        vocab_size=VOCAB_SIZE, n_positions=16, n_embd=32, n_layer=2, n_head=2, activation_function="gelu"
+    )
+    hf = GPT2LMHeadModel(GPT2Config(**cfg)).eval()
+    with torch.no_grad():
+        hf.transformer.h[1].mlp.c_fc.bias.normal_()
+    model = from_hf(hf)
+    assert model.config.bias and model.config.vocab_size == 50304 and model.config.block_size == 16
+    assert model.config.dropout == hf.config.resid_pdrop
+    idx = torch.randint(0, VOCAB_SIZE, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(real_logits(model.eval(), idx), hf(idx).logits, rtol=0, atol=1e-5)
+
+    zero_bias = GPT2LMHeadModel(GPT2Config(**cfg))  # freshly initialised biases are all zero
+    assert not from_hf(zero_bias).config.bias
+
+
+def test_import_rejects_or_warns_on_other_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    base = dict(
+        vocab_size=128, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=None, eos_token_id=None
+    )
+    with pytest.raises(ValueError, match=r"n_inner=32 .*activation_function='relu'"):
+        from_hf(GPT2LMHeadModel(GPT2Config(**base, n_inner=32, activation_function="relu")))
+    with pytest.warns(UserWarning, match="tanh GELU approximation"):
+        from_hf(GPT2LMHeadModel(GPT2Config(**base, activation_function="gelu_new")))
+
+
+@pytest.fixture
+def run_dir(tmp_path, make_model):
+    model = make_model(vocab_size=50304, block_size=64)
+    step = tmp_path / "run" / "ckpt" / "step_00000010"
+    save_model(model, step)
+    (step / "meta.json").write_text(json.dumps({"step": 10}))
+    return tmp_path / "run", model
+
+
+def test_export_dir_loads_offline_with_auto_classes(tmp_path, run_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
+
+    run, model = run_dir
+    out = export_hf(run, tmp_path / "hf")
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= names
+
+    hf = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert isinstance(hf, GPT2LMHeadModel) and not hf.training
+    text = "Hello world, the quick brown fox.<|endoftext|>"
+    ids = tok(text, return_tensors="pt").input_ids
+    assert ids[0].tolist() == get_tokenizer().encode(text, allowed_special="all")
+    assert tok.eos_token_id == 50256 and hf.config.eos_token_id == 50256
+    assert tok.model_max_length == 64
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, real_logits(model, ids), rtol=0, atol=1e-5)
+
+
+def test_export_refuses_non_empty_dir_unless_forced(tmp_path, run_dir, capsys):
+    run, _ = run_dir
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not empty.*--force"):
+        export_hf(run, out)
+    assert export_script.main([str(run), str(out)]) == 1
+    assert "--force" in capsys.readouterr().err
+    assert export_script.main([str(run), str(out), "--force"]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "keep.txt").is_file()
+
+
+def test_export_script_reports_missing_checkpoint(tmp_path, capsys):
+    assert export_script.main([str(tmp_path), str(tmp_path / "out")]) == 1
+    assert "no checkpoint in" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_scale_check_leaves_global_rng_alone():
+    scale_is_honoured.cache_clear()
+    state = torch.random.get_rng_state()
+    assert scale_is_honoured("eager")
+    assert torch.equal(torch.random.get_rng_state(), state)

@@ -9,22 +9,27 @@ from dataclasses import dataclass, field
 class DataConfig:
     # source: embedded | openwebtext | fineweb_edu | local
     name: str = "embedded"
-    # prepared shards live in {root}/{dir or name}
+    # prepared shards live in {root}/{dir or name}; a relative root is taken from the repository root
+    # when running from a source checkout, else from the current directory
     root: str = "data"
     dir: str | None = None
     # Hugging Face sources
-    hf_path: str | None = None          # e.g. Skylion007/openwebtext, HuggingFaceFW/fineweb-edu
-    hf_config: str | None = None        # e.g. sample-10BT for fineweb_edu
+    hf_path: str | None = None  # e.g. Skylion007/openwebtext, HuggingFaceFW/fineweb-edu
+    hf_config: str | None = None  # e.g. sample-10BT for fineweb_edu
+    hf_split: str = "train"
+    hf_revision: str | None = None  # e.g. refs/convert/parquet for a repo that still holds a loading script
     streaming: bool = False
-    token_budget: int | None = None     # stop after this many tokens (streamed sources)
+    token_budget: int | None = None  # stop once this many training tokens are written
     # local files
     paths: list[str] = field(default_factory=list)  # files or globs
-    format: str | None = None           # text | jsonl | parquet (inferred from suffix when None)
+    format: str | None = None  # text | jsonl | parquet (inferred from suffix when None)
     text_field: str = "text"
+    text_sample_by: str = "document"  # text files: one document per file (document) | paragraph | line
     # shards and split
-    val_tokens: int = 1_000_000
+    val_tokens: int = 20_000  # held-out validation tokens, taken first from the document stream
     shard_tokens: int = 100_000_000
     num_workers: int = 2
-    seed: int = 1337
+    seed: int = 1337  # shuffles the embedded corpus' documents
     # loader
-    sequential: bool = False            # without-replacement windows instead of random ones
+    sequential: bool = False  # without-replacement windows instead of random ones
+    verify: str = "cached"  # shard checksums on open: cached (re-hash only changed files) | full

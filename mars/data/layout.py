@@ -1,0 +1,219 @@
+"""Where a prepared dataset lives, what its files are called, and which config made it.
+
+Layout of a prepared dataset directory (``dataset_dir(cfg)``)::
+
+    val_000000.bin ...     the held-out split: the first data.val_tokens tokens of the document stream
+    train_000000.bin ...   everything after it, data.shard_tokens tokens per shard (the last one shorter)
+    progress.json          finished shards and where in the document stream each one ends (for resuming)
+    manifest.json          written last: tokenizer, vocab size, dtype, source + config, tokens and sha256
+                           per shard. A directory without it is not a dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from mars.data.config import DataConfig
+from mars.data.errors import ManifestError, SourceError
+
+FORMAT_VERSION = 1
+DTYPE = "uint16"
+MANIFEST = "manifest.json"
+PROGRESS = "progress.json"
+SPLITS = ("val", "train")
+SHARD_RE = re.compile(r"^(train|val)_\d{6}\.bin$")
+TMP_RE = re.compile(r"^\.(train|val)_\d{6}\.bin\.tmp-\d+$")
+# Config keys that decide which documents are read (a mismatch means a different dataset) and
+# keys that only decide how many tokens go where.
+IDENTITY_KEYS = (
+    "name",
+    "hf_path",
+    "hf_config",
+    "split",
+    "revision",
+    "text_field",
+    "paths",
+    "format",
+    "sample_by",
+    "python",
+    "seed",
+)
+SIZE_KEYS = ("val_tokens", "shard_tokens", "token_budget")
+# DataConfig fields that only affect loading, never the prepared files.
+_LOADER_ONLY = ("num_workers", "sequential", "verify")
+
+
+def as_data_config(cfg: Any) -> DataConfig:
+    """``cfg`` as a DataConfig: a DataConfig, an OmegaConf node (e.g. Hydra's ``cfg.data``) or a mapping."""
+    if isinstance(cfg, DataConfig):
+        return cfg
+    if type(cfg).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    if not isinstance(cfg, dict):
+        raise SourceError(f"expected a data config (DataConfig or mapping), got {type(cfg).__name__}")
+    known = {f.name for f in dataclasses.fields(DataConfig)}
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise SourceError(f"unknown data config keys {unknown}; known keys: {sorted(known)}")
+    return DataConfig(**cfg)
+
+
+def project_root() -> Path | None:
+    """The source checkout this package runs from (holding pyproject.toml and configs/), if any."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "configs").is_dir() else None
+
+
+def dataset_dir(cfg: DataConfig) -> Path:
+    """{data.root}/{data.dir or data.name}; a relative root is taken from the checkout (else the cwd)."""
+    cfg = as_data_config(cfg)
+    root = Path(os.path.expanduser(cfg.root))
+    if not root.is_absolute():
+        root = (project_root() or Path.cwd()) / root
+    return root / (cfg.dir or cfg.name)
+
+
+def requested_config(cfg: DataConfig) -> dict[str, Any]:
+    """What ``cfg`` asks to be prepared, in the form the manifest records it under "config"."""
+    cfg = as_data_config(cfg)
+    from mars.data.embedded import python_version
+    from mars.data.sources import HF_DEFAULTS
+
+    out: dict[str, Any] = {"name": cfg.name}
+    if cfg.name == "embedded":
+        out.update(python=python_version(), seed=cfg.seed)
+    elif cfg.name in HF_DEFAULTS:
+        defaults = HF_DEFAULTS[cfg.name]
+        out.update(
+            hf_path=cfg.hf_path or defaults["hf_path"],
+            hf_config=cfg.hf_config or defaults["hf_config"],
+            split=cfg.hf_split,
+            revision=cfg.hf_revision,
+            text_field=cfg.text_field,
+        )
+    else:
+        out.update(paths=[str(p) for p in cfg.paths], format=cfg.format, text_field=cfg.text_field)
+        if cfg.format in (None, "text"):
+            out["sample_by"] = cfg.text_sample_by
+    out.update(val_tokens=cfg.val_tokens, shard_tokens=cfg.shard_tokens, token_budget=cfg.token_budget)
+    return out
+
+
+def config_differences(recorded: dict[str, Any], wanted: dict[str, Any], keys) -> list[str]:
+    return [
+        f"{k}: prepared {recorded.get(k)!r}, config {wanted.get(k)!r}"
+        for k in keys
+        if recorded.get(k) != wanted.get(k)
+    ]
+
+
+def _hydra_value(value: Any, in_list: bool = False) -> str:
+    """``value`` in Hydra's override syntax: left bare when Hydra reads it back unchanged, else quoted."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v, in_list=True) for v in value) + "]"
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    text = str(value)
+    try:
+        parsed = OverridesParser.create().parse_override(f"k=[{text}]" if in_list else f"k={text}").value()
+    except Exception:
+        parsed = None
+    if parsed == ([text] if in_list else text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def prepare_command(cfg: DataConfig) -> str:
+    """The ``scripts/prepare_data.py`` command line that prepares exactly ``cfg``'s dataset."""
+    cfg = as_data_config(cfg)
+    defaults = dataclasses.asdict(DataConfig())
+    group = f"data={cfg.name}"
+    root = project_root()
+    group_file = root / "configs" / "data" / f"{cfg.name}.yaml" if root else None
+    if group_file is not None and group_file.is_file():
+        import yaml
+
+        defaults.update(yaml.safe_load(group_file.read_text()) or {})
+    else:
+        group = f"data.name={_hydra_value(cfg.name)}"
+    from mars.data.sources import HF_DEFAULTS
+
+    hf_defaults = HF_DEFAULTS.get(cfg.name, {})
+    overrides = [group]
+    for f in dataclasses.fields(DataConfig):
+        value = getattr(cfg, f.name)
+        if isinstance(value, tuple):
+            value = list(value)
+        default = defaults.get(f.name)
+        if f.name in hf_defaults:  # null means the source's default
+            value, default = value or hf_defaults[f.name], default or hf_defaults[f.name]
+        if f.name in _LOADER_ONLY or f.name == "name" or value == default:
+            continue
+        overrides.append(f"data.{f.name}={_hydra_value(value)}")
+    return "python scripts/prepare_data.py " + " ".join(shlex.quote(o) for o in overrides)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ManifestError(
+            f"{path}: cannot be read as JSON ({e}). Delete it and prepare the dataset again."
+        ) from e
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def dir_lock(directory: Path):
+    """An exclusive lock on ``directory`` so concurrent preparations (e.g. DDP ranks) do not interleave."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def clear(directory: Path) -> None:
+    """Remove what a preparation writes (and only that) from ``directory``."""
+    for p in directory.iterdir():
+        if SHARD_RE.match(p.name) or TMP_RE.match(p.name) or p.name in (MANIFEST, PROGRESS, ".verified.json"):
+            p.unlink()

@@ -1,1 +1,10 @@
-"""mars.train"""
+"""mars.train: the training harness behind `python train.py` (and the `mars-train` command).
+
+config.py       the structured config schema (Hydra ConfigStore) and its validation
+schedule.py     learning-rate schedules (cosine, linear, wsd, constant) as an lr factor
+distributed.py  process group setup under torchrun / SLURM, and the few collectives used
+checkpoint.py   atomic step checkpoints, rotation, safe loading, RNG state capture
+metrics.py      metrics.jsonl, Weights & Biases, the progress bar
+trainer.py      the loop: accumulation, DDP, exact/approximate MARS, resume, preemption
+cli.py          Hydra entry point: config checks, run dir, then the Trainer
+"""

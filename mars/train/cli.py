@@ -1,0 +1,235 @@
+"""`python train.py [overrides]` / `mars-train [overrides]`: compose the Hydra config, check it, train.
+
+Everything a user can get wrong is reported as ONE line on stderr (exit status 2 for config
+errors, 1 for the rest) before any data is read or a process group is created:
+  * composition errors (unknown group option, unknown key, wrong type) are caught by composing
+    the config once up front (every combination of a -m sweep) with Hydra's compose API;
+  * value errors come from mars.train.config.validate;
+  * a missing dataset, a bad or mismatched checkpoint are checked on rank 0 before DDP starts.
+
+Under torchrun every rank composes the same config, but only rank 0 keeps Hydra's output dir:
+the other ranks are told not to write one, and receive rank 0's run dir once the process group
+is up, so all ranks share one run dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from mars.train.config import ConfigError, register_configs, validate
+from mars.train.distributed import env_rank, env_world_size, launched_distributed
+
+log = logging.getLogger("mars.train")
+
+CONFIG_NAME = "config"
+MAX_PRECHECKED_JOBS = 256
+
+
+def config_dir() -> str:
+    """The repository's configs/ (absolute, so `python train.py` and `mars-train` both find it)."""
+    env = os.environ.get("MARS_CONFIG_DIR")
+    if env:
+        return str(Path(env).resolve())
+    return str(Path(__file__).resolve().parents[2] / "configs")
+
+
+# lines of Hydra / OmegaConf messages that say nothing the user can act on
+_NOISE = (
+    "object_type=",
+    "reference_type=",
+    "Set the environment variable HYDRA_FULL_ERROR",
+    "Config search path:",
+    "provider=",
+    "To append to your config use",
+)
+
+
+def compose_config(overrides: list[str] | None = None, config_name: str = CONFIG_NAME) -> DictConfig:
+    """The config `python train.py OVERRIDES` would run, composed in process (no run dir, no Hydra job)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="train"):
+        return compose(config_name=config_name, overrides=list(overrides or []))
+
+
+def one_line(e: BaseException) -> str:
+    """Hydra / OmegaConf error text (often several lines, plus a cause) as one line."""
+    texts = [str(e)]
+    cause = e.__cause__ or e.__context__
+    if cause is not None and str(cause) and str(cause) not in texts[0]:
+        texts.append(str(cause))
+    parts: list[str] = []
+    options: list[str] = []
+    for raw in "\n".join(texts).splitlines():
+        line = raw.strip()
+        if not line or line.startswith(_NOISE):
+            continue
+        if raw.startswith("\t") and parts and parts[-1].startswith("Available options"):
+            options.append(line)
+            continue
+        if options:
+            parts[-1] += " " + ", ".join(options)
+            options = []
+        parts.append(line)
+    if options:
+        parts[-1] += " " + ", ".join(options)
+    return "; ".join(parts)
+
+
+def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [combo for batch in batches for combo in batch]
+
+
+def precheck(argv: list[str]) -> None:
+    """Compose (and validate) the config of every job the command line asks for; raise ConfigError."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    args = get_args_parser().parse_args(argv)
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.config_dir:
+        return  # Hydra's own informational modes, or an extra config dir we do not know about
+    if args.config_path is not None:
+        return
+    try:
+        combos = _sweep_combinations(args.overrides) if args.multirun else [args.overrides]
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="train"):
+            for combo in combos[:MAX_PRECHECKED_JOBS]:
+                cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=combo)
+                try:
+                    validate(cfg, env_world_size())
+                except ConfigError as e:
+                    where = f" (sweep job {' '.join(combo)})" if args.multirun else ""
+                    raise ConfigError(f"{e}{where}") from None
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(one_line(e)) from None
+
+
+def _rank_local_overrides() -> list[str]:
+    """Non-zero ranks write no output dir or log file of their own (they use rank 0's run dir)."""
+    return [
+        "hydra.output_subdir=null",
+        "hydra.run.dir=.",
+        "hydra/job_logging=none",
+        "hydra/hydra_logging=none",
+    ]
+
+
+def _fail(msg: str, status: int, all_ranks: bool = True) -> None:
+    """Exit with one line on stderr (from rank 0 only when every rank hits the same error)."""
+    if all_ranks or env_rank() == 0:
+        msg = " ".join(line.strip() for line in msg.splitlines() if line.strip())
+        sys.stderr.write(f"error: {msg}\n")
+        sys.stderr.flush()
+    sys.exit(status)
+
+
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """train.resume -> the checkpoint step dir to continue from, or None (start fresh)."""
+    from mars.train.checkpoint import CKPT_DIRNAME, latest_checkpoint, resolve_checkpoint
+
+    if resume in (None, "", "none", "null"):
+        return None
+    if resume == "auto":
+        found = latest_checkpoint(run_dir / CKPT_DIRNAME)
+        if found is None:
+            log.info(
+                f"train.resume=auto: no checkpoint in {run_dir / CKPT_DIRNAME}, starting from scratch "
+                "(to continue an earlier run, also pass hydra.run.dir=THAT_RUN_DIR)"
+            )
+        return found
+    found = resolve_checkpoint(Path(resume).expanduser())
+    if found is None:
+        raise ConfigError(
+            f"train.resume={resume}: no complete checkpoint there; give a run dir, its ckpt/ folder "
+            "or a ckpt/step_XXXXXXXX folder (or train.resume=auto)"
+        )
+    return found
+
+
+def run(cfg: DictConfig) -> str:
+    """The Hydra task: checks on rank 0, then DDP, then the Trainer. Returns the Trainer's status."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mars.data import ensure_prepared
+    from mars.train.checkpoint import check_model_shape
+    from mars.train.distributed import adopt_slurm_env, broadcast_object, cleanup, init_distributed
+    from mars.train.trainer import Trainer
+
+    adopt_slurm_env()
+    validate(cfg, env_world_size())
+    rank0 = env_rank() == 0
+    if not rank0:
+        logging.getLogger().setLevel(logging.WARNING)
+    run_dir, resume_from = None, None
+    if rank0:
+        run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+        resume_from = resolve_resume(cfg.train.resume, run_dir)
+        if resume_from is not None:
+            check_model_shape(resume_from, cfg.model)
+        ensure_prepared(cfg.data)
+    info = init_distributed(cfg.train.device, cfg.train.backend)
+    try:
+        run_dir, resume_from = broadcast_object((run_dir, resume_from))
+        if rank0:
+            log.info(f"run dir: {run_dir}  (world size {info.world_size}, device {info.device})")
+        trainer = Trainer(cfg, run_dir, info, resume_from=resume_from)
+        if rank0:
+            n = trainer.raw_model.num_params(non_embedding=True)
+            log.info(
+                f"model {n / 1e6:.2f}M non-embedding params; optimizer {cfg.optimizer.name}"
+                f"{' (exact)' if trainer.exact else ''}; {trainer.global_batch_size} sequences x "
+                f"{cfg.model.block_size} tokens per step = {trainer.accum_steps} micro-steps of "
+                f"{cfg.train.batch_size} on each of {info.world_size} rank(s)"
+            )
+        return trainer.fit()
+    finally:
+        cleanup()
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from mars.data.errors import DataError
+    from mars.model.io import CheckpointError
+    from mars.train.checkpoint import CheckpointMismatchError
+    from mars.train.trainer import TrainingDivergedError
+
+    return (ConfigError, DataError, CheckpointError, CheckpointMismatchError, TrainingDivergedError)
+
+
+def _task(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except _user_errors() as e:
+        _fail(str(e), 1)
+
+
+def main() -> None:
+    """Console entry point (train.py and `mars-train`)."""
+    import hydra
+
+    register_configs()
+    if not Path(config_dir(), f"{CONFIG_NAME}.yaml").is_file():
+        _fail(
+            f"no {CONFIG_NAME}.yaml in {config_dir()}: run from a source checkout (pip install -e .) "
+            "or point MARS_CONFIG_DIR at the repository's configs/ directory",
+            2,
+        )
+    try:
+        precheck(sys.argv[1:])
+    except ConfigError as e:
+        _fail(str(e), 2, all_ranks=False)
+    if launched_distributed() and env_rank() != 0:
+        sys.argv.extend(_rank_local_overrides())
+    hydra.main(config_path=config_dir(), config_name=CONFIG_NAME, version_base="1.3")(_task)()

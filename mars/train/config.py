@@ -1,0 +1,176 @@
+"""The training config: one dataclass per node, registered with Hydra as the schema of configs/config.yaml.
+
+Because configs/config.yaml starts from this schema, a misspelt key or a value of the wrong type
+fails when Hydra composes the config, before any data is read or a process group is created.
+`validate` adds the checks a type system cannot express (positive sizes, divisibility, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from mars.data.config import DataConfig
+from mars.model.config import GPTConfig
+from mars.optim.config import OptimizerConfig
+
+SCHEDULES = ("cosine", "linear", "wsd", "constant")
+GRAD_REDUCTIONS = ("mean", "sum")
+DTYPES = ("auto", "float32", "bfloat16")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key, the value and the fix."""
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate schedule: linear warmup, then `name` down to `min_lr` (absolute) at decay_steps."""
+
+    name: str = "cosine"  # cosine | linear | wsd | constant
+    warmup_steps: int = 100
+    min_lr: float = 3e-5  # absolute; lr_1d keeps its ratio to lr all the way down
+    decay_steps: int | None = None  # where the decay ends (None: train.max_steps)
+    decay_fraction: float = 0.2  # wsd: the last fraction of decay_steps is the (linear) decay
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 1000
+    batch_size: int = 8  # per-device micro-batch, in sequences
+    global_batch_size: int | None = None  # sequences per optimizer step (None: batch_size x world size)
+    eval_interval: int = 100  # steps between validation runs (0: only at the start and the end)
+    eval_steps: int = 20  # validation micro-batches of batch_size sequences, summed over all ranks
+    log_interval: int = 10
+    ckpt_interval: int = 1000  # 0: only the final (and preemption) checkpoint
+    keep_last: int = 2  # checkpoints kept in RUN_DIR/ckpt (older ones are deleted)
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bfloat16 autocast on CUDA, float32 on CPU) | float32 | bfloat16
+    compile: bool | None = None  # None: on for CUDA, off for CPU
+    grad_clip: float = 1.0  # global grad-norm clip (0: off; the norm is logged either way)
+    grad_reduction: str = "mean"  # mean: loss / accumulation steps | sum: the reference (no division)
+    resume: str | None = None  # auto (latest checkpoint of the run dir, else start fresh) | PATH
+    max_nonfinite_steps: int = 5  # stop after this many skipped (non-finite) steps in a row
+    backend: str | None = None  # process-group backend (None: nccl on CUDA, gloo on CPU)
+    progress: bool = True  # tqdm bar on rank 0
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "online"  # online (falls back to offline without WANDB_API_KEY) | offline | disabled
+    project: str = "mars"
+    name: str | None = None  # None: derived from the run dir
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class DownstreamConfig:
+    """In-loop zero-shot evaluation through mars.eval (interval 0: off)."""
+
+    tasks: list[str] = field(default_factory=list)
+    interval: int = 0
+    limit: int | None = None
+    batch_size: int = 8
+    num_fewshot: int = 0
+
+
+@dataclass
+class Config:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
+
+
+def register_configs() -> None:
+    """Store the schema as `base_config` (the first entry of configs/config.yaml's defaults)."""
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+def _choice(cfg: Any, key: str, allowed: tuple[str, ...]) -> None:
+    value = _get(cfg, key)
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _at_least(cfg: Any, key: str, minimum: float, what: str = "") -> None:
+    value = _get(cfg, key)
+    if value is None or value < minimum:
+        raise ConfigError(f"{key}={value} must be >= {minimum}{what}")
+
+
+def global_batch_size(cfg: Any, world_size: int) -> int:
+    gbs = _get(cfg, "train.global_batch_size")
+    return int(gbs) if gbs is not None else int(_get(cfg, "train.batch_size")) * world_size
+
+
+def validate(cfg: Any, world_size: int = 1) -> None:
+    """Raise ConfigError on the first value that cannot work. Cheap: reads no files."""
+    _at_least(cfg, "train.batch_size", 1, " (sequences per device per micro-step)")
+    _at_least(cfg, "train.max_steps", 1)
+    _at_least(cfg, "train.log_interval", 1)
+    _at_least(cfg, "train.eval_interval", 0)
+    _at_least(cfg, "train.eval_steps", 0)
+    _at_least(cfg, "train.ckpt_interval", 0)
+    _at_least(cfg, "train.keep_last", 1)
+    _at_least(cfg, "train.max_nonfinite_steps", 1)
+    _at_least(cfg, "train.grad_clip", 0.0)
+    _at_least(cfg, "model.block_size", 1)
+    _at_least(cfg, "schedule.warmup_steps", 0)
+    _at_least(cfg, "schedule.min_lr", 0.0)
+    _at_least(cfg, "downstream.interval", 0)
+    _choice(cfg, "schedule.name", SCHEDULES)
+    _choice(cfg, "train.grad_reduction", GRAD_REDUCTIONS)
+    _choice(cfg, "train.dtype", DTYPES)
+    _choice(cfg, "logger.wandb.mode", WANDB_MODES)
+
+    micro = int(_get(cfg, "train.batch_size"))
+    gbs = global_batch_size(cfg, world_size)
+    if gbs < 1 or gbs % (micro * world_size) != 0:
+        raise ConfigError(
+            f"train.global_batch_size={gbs} is not a multiple of train.batch_size x world size = "
+            f"{micro} x {world_size} = {micro * world_size}; pick a batch_size that divides "
+            f"{gbs // world_size if gbs % world_size == 0 else gbs} per device"
+        )
+    lr = float(_get(cfg, "optimizer.lr"))
+    if lr <= 0:
+        raise ConfigError(f"optimizer.lr={lr} must be > 0")
+    if float(_get(cfg, "schedule.min_lr")) > lr:
+        raise ConfigError(
+            f"schedule.min_lr={_get(cfg, 'schedule.min_lr')} is above optimizer.lr={lr}; "
+            "min_lr is an absolute learning rate"
+        )
+    decay = _get(cfg, "schedule.decay_steps")
+    if decay is not None and decay <= _get(cfg, "schedule.warmup_steps"):
+        raise ConfigError(f"schedule.decay_steps={decay} must be larger than schedule.warmup_steps")
+    frac = float(_get(cfg, "schedule.decay_fraction"))
+    if not 0.0 <= frac <= 1.0:
+        raise ConfigError(f"schedule.decay_fraction={frac} must lie in [0, 1]")
+    n_embd, n_head = int(_get(cfg, "model.n_embd")), int(_get(cfg, "model.n_head"))
+    if n_head < 1 or n_embd % n_head != 0:
+        raise ConfigError(f"model.n_embd={n_embd} must be a multiple of model.n_head={n_head}")
+    if _get(cfg, "downstream.interval") > 0 and not _get(cfg, "downstream.tasks"):
+        raise ConfigError(
+            "downstream.interval > 0 needs downstream.tasks (e.g. downstream.tasks=[hellaswag])"
+        )

@@ -1,0 +1,135 @@
+"""Process-group setup and the few collectives the trainer needs.
+
+One process (plain `python train.py`) or DDP under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set
+by the launcher; nccl on CUDA, gloo on CPU). Every helper is a no-op in a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def adopt_slurm_env() -> None:
+    """Under a SLURM job with several tasks (e.g. hydra-submitit-launcher, or `srun python train.py`),
+    export the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) from
+    SLURM's, so that every task joins one process group. A no-op under torchrun or outside SLURM."""
+    if (
+        "RANK" in os.environ
+        or int(os.environ.get("SLURM_NTASKS", "1")) <= 1
+        or "SLURM_PROCID" not in os.environ
+    ):
+        return
+    try:  # submitit knows the job's node list and a free port convention
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        return
+    except Exception:  # noqa: BLE001 - not under submitit: derive the same from SLURM's variables
+        pass
+    import subprocess
+
+    nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "localhost")
+    try:
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True
+        )
+        master = hosts.stdout.split()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        master = nodes.split(",")[0]
+    os.environ.update(
+        RANK=os.environ["SLURM_PROCID"],
+        WORLD_SIZE=os.environ["SLURM_NTASKS"],
+        LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"),
+        MASTER_ADDR=os.environ.get("MASTER_ADDR", master),
+        MASTER_PORT=os.environ.get(
+            "MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000)
+        ),
+    )
+
+
+def launched_distributed() -> bool:
+    """True under torchrun (or any launcher that sets RANK and WORLD_SIZE > 1)."""
+    return "RANK" in os.environ and env_world_size() > 1
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> cuda when available, else cpu. Under DDP each rank takes cuda:LOCAL_RANK."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and launched_distributed():
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
+
+
+def init_distributed(device: str = "auto", backend: str | None = None) -> DistInfo:
+    device = resolve_device(device)
+    if not launched_distributed():
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+        return DistInfo(device=device)
+    rank, world_size = env_rank(), env_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    if backend is None:
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend, device_id=torch.device(device) if backend == "nccl" else None
+        )
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks, in place, and return it."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s (picklable, trusted: it comes from our own process) object, on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,180 @@
+"""Where training metrics go: RUN_DIR/metrics.jsonl, Weights & Biases, and a tqdm bar (rank 0 only).
+
+metrics.jsonl holds one JSON object per line; every line has "step" and "tokens" (CLI.md).
+Training lines add "train/loss", "lr", "grad_norm", ...; evaluation lines add "val/loss".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN / inf
+    return v
+
+
+class MetricsFile:
+    """Append-only metrics.jsonl, flushed per line so a killed run keeps everything it logged."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / METRICS_FILE
+        self._f = None
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: drop lines logged after the checkpoint we continue from (they will be redone)."""
+        if not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+        self.path.write_text("".join(k + "\n" for k in kept))
+
+    def write(self, record: dict) -> None:
+        if self._f is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "a")
+        self._f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """Records of a metrics.jsonl (or of RUN_DIR/metrics.jsonl), skipping a truncated last line."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / METRICS_FILE
+    out = []
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def wandb_mode(requested: str) -> str:
+    """The mode wandb will run in: WANDB_MODE wins; online without an API key becomes offline."""
+    mode = os.environ.get("WANDB_MODE", requested)
+    if mode in ("dryrun",):
+        mode = "offline"
+    if mode == "online" and not os.environ.get("WANDB_API_KEY") and not _netrc_has_wandb():
+        log.info("wandb: no WANDB_API_KEY set, logging offline (sync later with `wandb sync`)")
+        mode = "offline"
+    return mode
+
+
+def _netrc_has_wandb() -> bool:
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return "api.wandb.ai" in netrc.read_text()
+    except OSError:
+        return False
+
+
+class WandbLogger:
+    """A thin wandb run; `run_id` is stored in checkpoints so a resumed job continues the same run."""
+
+    def __init__(self, cfg, run_dir: str | os.PathLike, config: dict, run_id: str | None = None):
+        self.mode = wandb_mode(cfg.mode)
+        self.run = None
+        self.run_id = run_id
+        if self.mode == "disabled":
+            return
+        import wandb
+
+        self.run = wandb.init(
+            project=cfg.project,
+            name=cfg.name or Path(run_dir).name,
+            entity=cfg.entity,
+            group=cfg.group,
+            tags=list(cfg.tags) or None,
+            config=config,
+            dir=str(run_dir),
+            mode=self.mode,
+            id=run_id,
+            resume="allow" if run_id else None,
+        )
+        self.run_id = self.run.id
+
+    def log(self, record: dict) -> None:
+        if self.run is not None:
+            data = {k: _jsonable(v) for k, v in record.items() if k != "step"}
+            self.run.log(data, step=int(record["step"]))
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
+class Progress:
+    """tqdm bar over optimizer steps showing loss, lr, tokens/s (and MFU on GPU); ETA from tqdm."""
+
+    def __init__(self, total: int, initial: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, leave=True)
+
+    def advance(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def show(self, record: dict) -> None:
+        """Put a training record's loss, lr, tokens/s (and MFU) next to the bar."""
+        if self.bar is None:
+            return
+        post = {"loss": f"{record['train/loss']:.4f}", "lr": f"{record['lr']:.2e}"}
+        post["tok/s"] = f"{record['tokens_per_s']:.0f}"
+        if record.get("mfu") is not None:
+            post["mfu"] = f"{100 * record['mfu']:.1f}%"
+        self.bar.set_postfix(post, refresh=True)
+
+    def write(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            log.info(msg)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class Metrics:
+    """Fan-out of one record to metrics.jsonl, wandb and the bar. Only the main rank constructs one."""
+
+    def __init__(self, run_dir, wandb_cfg, config: dict, wandb_run_id: str | None = None):
+        self.file = MetricsFile(run_dir)
+        self.wandb = WandbLogger(wandb_cfg, run_dir, config, run_id=wandb_run_id)
+
+    def log(self, record: dict) -> None:
+        self.file.write(record)
+        self.wandb.log(record)
+
+    def close(self) -> None:
+        self.file.close()
+        self.wandb.finish()

@@ -1,0 +1,473 @@
+"""The training loop: gradient accumulation, DDP, exact and approximate MARS, checkpoints, metrics.
+
+One optimizer step t (0-based) of the global batch B_t (`BatchLoader.get(t)`):
+
+    lr factor <- schedule(t)
+    exact MARS only (optimizer.needs_previous_grads, MARS_SPEC section 5):
+        grad f(x_t, B_{t+1})   accumulated over micro-steps, all-reduced, clipped
+        optimizer.stash_previous_grads()       -> g_prev of step t+1
+        zero grads
+    grad f(x_t, B_t)           accumulated over micro-steps, all-reduced on the last one only
+    clip (global norm), and if the norm is finite: optimizer.step(), else skip and count
+
+The host waits for the device once per step (the grad norm decides whether to step, and the
+stop flag of a preemption is agreed across ranks in the same read); the logged loss is summed
+on the device and reduced over ranks only at log steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mars.train import checkpoint as ckpt
+from mars.train.config import Config, global_batch_size
+from mars.train.distributed import DistInfo, all_reduce_sum, barrier
+from mars.train.metrics import Metrics, MetricsFile, Progress
+from mars.train.schedule import LRSchedule
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDivergedError(RuntimeError):
+    """Too many non-finite steps in a row."""
+
+
+@dataclass
+class Counters:
+    """Loop position and running totals; saved in every checkpoint."""
+
+    step: int = 0  # completed optimizer steps (skipped ones included)
+    elapsed: float = 0.0  # wall-clock seconds over all resumed segments
+    nonfinite_total: int = 0
+    nonfinite_streak: int = 0
+    clipped_steps: int = 0
+    best_val_loss: float = math.inf
+
+
+def _to_config(cfg) -> Config:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_object(cfg)
+    if isinstance(cfg, Config):
+        return cfg
+    raise TypeError(f"expected a DictConfig or mars.train.config.Config, got {type(cfg).__name__}")
+
+
+def _config_yaml(cfg) -> str:
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    return OmegaConf.to_yaml(node, resolve=True)
+
+
+def _config_dict(cfg) -> dict:
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    return OmegaConf.to_container(node, resolve=True)
+
+
+class Trainer:
+    """Owns the model, optimizer, loaders, schedule and loop state of one training run."""
+
+    def __init__(self, cfg, run_dir: str | Path, dist: DistInfo, resume_from: str | Path | None = None):
+        from mars.data import BatchLoader, ValLoader, open_dataset
+        from mars.model import GPT
+        from mars.optim import build_optimizer
+
+        self.cfg = c = _to_config(cfg)
+        self.config_yaml = _config_yaml(cfg)
+        self.run_dir = Path(run_dir)
+        self.dist = dist
+        self.device = torch.device(dist.device)
+        t = c.train
+
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        dtype = t.dtype if t.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
+        self.autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+        )
+
+        # data
+        dataset = open_dataset(c.data, vocab_size=c.model.vocab_size)
+        self.global_batch_size = global_batch_size(c, dist.world_size)
+        self.loader = BatchLoader(
+            dataset.train,
+            block_size=c.model.block_size,
+            global_batch_size=self.global_batch_size,
+            micro_batch_size=t.batch_size,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            seed=t.seed,
+            sequential=c.data.sequential,
+            device=str(self.device),
+        )
+        self.accum_steps = self.loader.grad_accum_steps
+        self.val_loader = None
+        if t.eval_steps > 0:
+            self.val_loader = ValLoader(
+                dataset.val,
+                block_size=c.model.block_size,
+                micro_batch_size=t.batch_size,
+                num_sequences=t.eval_steps * t.batch_size,
+                rank=dist.rank,
+                world_size=dist.world_size,
+                device=str(self.device),
+            )
+        self.tokens_per_step = self.global_batch_size * c.model.block_size
+
+        # model and optimizer (same init on every rank; DDP also broadcasts rank 0's weights)
+        torch.manual_seed(t.seed)
+        with self.device:  # initialise in place (fast for large models on a GPU)
+            self.raw_model = GPT(c.model)
+        if resume_from is not None:
+            from mars.model.io import load_weights
+
+            ckpt.check_model_shape(resume_from, c.model)
+            load_weights(self.raw_model, resume_from)
+        self.optimizer = build_optimizer(self.raw_model, c.optimizer)
+        self.exact = bool(getattr(self.optimizer, "needs_previous_grads", False))
+        self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
+        self.schedule = LRSchedule.from_config(c.schedule, c.optimizer.lr, t.max_steps)
+
+        use_compile = t.compile if t.compile is not None else self.device.type == "cuda"
+        self.eval_model = torch.compile(self.raw_model) if use_compile else self.raw_model
+        self.model = self.eval_model
+        if dist.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.model = DDP(self.eval_model, device_ids=ids)
+
+        self.state = Counters()
+        wandb_run_id = None
+        if resume_from is not None:
+            wandb_run_id = self._restore(Path(resume_from))
+
+        self.metrics = None
+        if dist.is_main:
+            if (
+                resume_from is not None
+                and Path(resume_from).resolve().parent.parent == self.run_dir.resolve()
+            ):
+                MetricsFile(self.run_dir).truncate_after(self.state.step)
+            self.metrics = Metrics(self.run_dir, c.logger.wandb, _config_dict(cfg), wandb_run_id=wandb_run_id)
+        self._batch_cache: tuple[int, list] | None = None
+        self._stop_signal: int | None = None
+        self.last_val_loss: float | None = None
+        self.progress: Progress | None = None
+        self._fit_start: float | None = None
+        self._elapsed_before = 0.0
+
+    # ------------------------------------------------------------------ state
+
+    def _restore(self, step_dir: Path) -> str | None:
+        state = ckpt.load_train_state(step_dir)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.loader.load_state_dict(state["loader"])
+        ckpt.set_rng_state(state["rng"])
+        self.state = Counters(**state["counters"])
+        meta = ckpt.read_meta(step_dir)
+        log.info(f"resumed from {step_dir} at step {self.state.step}")
+        return meta.get("wandb_run_id")
+
+    def save(self) -> Path | None:
+        """Checkpoint the current step (rank 0 writes; every rank waits for it)."""
+        path = None
+        if self.dist.is_main:
+            s = self.state
+            s.elapsed = self._elapsed()
+            train_state = {
+                "optimizer": self.optimizer.state_dict(),
+                "loader": self.loader.state_dict(),
+                "rng": ckpt.rng_state(),
+                "schedule": {"step": s.step, "lr_factor": self.schedule(s.step)},
+                "counters": asdict(s),
+            }
+            meta = {
+                "tokens": s.step * self.tokens_per_step,
+                "wandb_run_id": self.metrics.wandb.run_id if self.metrics else None,
+                "val_loss": self.last_val_loss,
+                "best_val_loss": s.best_val_loss if math.isfinite(s.best_val_loss) else None,
+                "world_size": self.dist.world_size,
+                "global_batch_size": self.global_batch_size,
+                "block_size": self.cfg.model.block_size,
+                "optimizer": self.cfg.optimizer.name,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+            path = ckpt.save_checkpoint(
+                self.run_dir,
+                s.step,
+                self.raw_model,
+                train_state,
+                meta,
+                self.config_yaml,
+                self.cfg.train.keep_last,
+            )
+            log.info(f"saved checkpoint {path}")
+        barrier()
+        return path
+
+    # ------------------------------------------------------------------ compute
+
+    def _batches(self, step: int) -> list:
+        if self._batch_cache is not None and self._batch_cache[0] == step:
+            return self._batch_cache[1]
+        batches = self.loader.get(step)
+        self._batch_cache = (step, batches)
+        return batches
+
+    def _forward_backward(self, batches: list) -> torch.Tensor:
+        """Accumulate gradients over the micro-batches; returns the sum of their mean losses."""
+        n = len(batches)
+        scale = 1.0 / n if self.cfg.train.grad_reduction == "mean" else 1.0
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(batches):
+            sync = i == n - 1 or not self.dist.distributed
+            with nullcontext() if sync else self.model.no_sync():
+                with self.autocast:
+                    _, loss = self.model(x, y)
+                (loss * scale).backward()
+            total += loss.detach()
+        return total
+
+    def _clip(self) -> torch.Tensor:
+        max_norm = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else math.inf
+        return torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
+
+    def _zero_grads(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def forward_backward_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gradients of step `step` (look-ahead first in exact mode), clipped. Returns (loss sum, norm)."""
+        if self.exact:
+            self._forward_backward(self._batches(step + 1))
+            ahead_norm = self._clip()
+            if not bool(torch.isfinite(ahead_norm)):
+                for p in self.params:  # a non-finite look-ahead would poison the next step: drop it
+                    if p.grad is not None:
+                        p.grad.zero_()
+            self.optimizer.stash_previous_grads()
+            self._zero_grads()
+        loss_sum = self._forward_backward(self._batches(step))
+        return loss_sum, self._clip()
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean token loss over the fixed validation windows, all ranks together."""
+        self.eval_model.eval()
+        totals = torch.zeros(2, device=self.device, dtype=torch.float64)
+        for x, y in self.val_loader:
+            with self.autocast:
+                _, loss = self.eval_model(x, y)
+            totals[0] += loss.double() * y.numel()
+            totals[1] += y.numel()
+        self.eval_model.train()
+        all_reduce_sum(totals)
+        return (totals[0] / totals[1]).item() if totals[1] > 0 else math.nan
+
+    def _downstream(self) -> dict:
+        from mars.eval.harness import evaluate_model
+
+        d = self.cfg.downstream
+        results = {}
+        if self.dist.is_main:
+            self.raw_model.eval()
+            out = evaluate_model(
+                self.raw_model,
+                list(d.tasks),
+                limit=d.limit,
+                batch_size=d.batch_size,
+                device=str(self.device),
+                num_fewshot=d.num_fewshot,
+            )
+            self.raw_model.train()
+            for task, metrics in out.items():
+                for name, value in metrics.items():
+                    if isinstance(value, (int, float)):
+                        results[f"downstream/{task}/{name}"] = value
+        barrier()
+        return results
+
+    # ------------------------------------------------------------------ loop
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._stop_signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
+        self._stop_signal = signum
+
+    def _install_signal_handlers(self) -> dict:
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread
+                pass
+        return previous
+
+    def _log(self, record: dict) -> None:
+        if self.metrics is not None:
+            self.metrics.log(record)
+
+    def _eval_and_log(self) -> None:
+        if self.val_loader is None:
+            return
+        val = self.evaluate()
+        self.last_val_loss = val
+        if math.isfinite(val):
+            self.state.best_val_loss = min(self.state.best_val_loss, val)
+        self.state.elapsed = self._elapsed()
+        s = self.state.step
+        self._log(
+            {"step": s, "tokens": s * self.tokens_per_step, "val/loss": val, "time": self.state.elapsed}
+        )
+        if self.progress is not None:
+            self.progress.write(f"step {s}: val loss {val:.4f}")
+
+    def train_step(self) -> StepResult:
+        """One optimizer step at self.state.step (skipped when the gradient norm is not finite)."""
+        from mars.optim import set_lr_factor
+
+        s, t = self.state, self.cfg.train
+        factor = self.schedule(s.step)
+        set_lr_factor(self.optimizer, factor)
+        loss_sum, norm = self.forward_backward_step(s.step)
+        stop = torch.tensor(float(self._stop_signal is not None), device=self.device)
+        if self.dist.distributed:
+            all_reduce_sum(stop)  # every rank stops at the same step
+        norm_f, stop_f = torch.stack([norm.detach().float().reshape(()), stop]).tolist()  # the one sync
+        stepped = math.isfinite(norm_f)
+        if stepped:
+            self.optimizer.step()
+            s.nonfinite_streak = 0
+            s.clipped_steps += int(t.grad_clip > 0 and norm_f > t.grad_clip)
+        else:
+            s.nonfinite_streak += 1
+            s.nonfinite_total += 1
+        self._zero_grads()
+        s.step += 1
+        return StepResult(loss_sum, norm_f, stepped, stop_f > 0, float(self.cfg.optimizer.lr) * factor)
+
+    def fit(self) -> str:
+        """Train to train.max_steps. Returns "completed", or "preempted" after SIGTERM/SIGINT."""
+        t, s = self.cfg.train, self.state
+        self.progress = Progress(t.max_steps, s.step, enabled=self.dist.is_main and t.progress)
+        previous_handlers = self._install_signal_handlers()
+        self._fit_start, self._elapsed_before = time.perf_counter(), s.elapsed
+        self.raw_model.train()
+        status = "completed"
+        try:
+            if s.step == 0:
+                self._eval_and_log()
+            win = _Window(self.device)
+            last_saved = s.step if s.step > 0 else None
+            while s.step < t.max_steps:
+                t0 = time.perf_counter()
+                out = self.train_step()
+                win.steps += 1
+                win.seconds += time.perf_counter() - t0
+                if out.stepped:
+                    win.add(out.loss_sum, out.grad_norm)
+                self.progress.advance()
+                if s.nonfinite_streak >= t.max_nonfinite_steps:
+                    raise TrainingDivergedError(
+                        f"stopping at step {s.step}: {s.nonfinite_streak} steps in a row had a non-finite "
+                        f"loss or gradient norm (last grad norm {out.grad_norm}); they were skipped and "
+                        "no checkpoint holds them. Lower optimizer.lr or set train.grad_clip, then continue "
+                        "from the last checkpoint with train.resume"
+                    )
+                last = s.step == t.max_steps
+                if s.step % t.log_interval == 0 or last:
+                    self._log_train(win, out.lr)
+                    win = _Window(self.device)
+                if last or (t.eval_interval and s.step % t.eval_interval == 0):
+                    self._eval_and_log()
+                d = self.cfg.downstream
+                if d.interval > 0 and s.step % d.interval == 0:
+                    results = self._downstream()
+                    if results:
+                        self._log({"step": s.step, "tokens": s.step * self.tokens_per_step, **results})
+                if last or out.stop or (t.ckpt_interval and s.step % t.ckpt_interval == 0):
+                    self.save()
+                    last_saved = s.step
+                if out.stop:
+                    status = "preempted"
+                    who = (
+                        signal.Signals(self._stop_signal).name
+                        if self._stop_signal
+                        else "a signal to another rank"
+                    )
+                    msg = (
+                        f"stopped by {who} at step {s.step}, checkpoint saved; continue with "
+                        f"train.resume=auto hydra.run.dir={self.run_dir}"
+                    )
+                    self.progress.write(msg)
+                    break
+            if status == "completed" and last_saved != s.step:
+                self.save()
+        finally:
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
+            self.progress.close()
+            if self.metrics is not None:
+                self.metrics.close()
+        return status
+
+    def _elapsed(self) -> float:
+        if self._fit_start is None:
+            return self.state.elapsed
+        return self._elapsed_before + time.perf_counter() - self._fit_start
+
+    def _log_train(self, win: _Window, lr: float) -> None:
+        """One training line: loss averaged over the window's steps and the whole global batch."""
+        s = self.state
+        loss_total = all_reduce_sum(win.loss.reshape(1)).item()  # every rank reaches log steps together
+        s.elapsed = self._elapsed()
+        denom = win.good * self.accum_steps * self.dist.world_size
+        tokens_per_s = win.steps * self.tokens_per_step / win.seconds if win.seconds > 0 else math.nan
+        record = {
+            "step": s.step,
+            "tokens": s.step * self.tokens_per_step,
+            "train/loss": loss_total / denom if denom else math.nan,
+            "lr": lr,
+            "grad_norm": win.norm / win.good if win.good else math.nan,
+            "train/clip_rate": s.clipped_steps / s.step,
+            "train/nonfinite_steps": s.nonfinite_total,
+            "time": s.elapsed,
+            "ms_per_step": 1000 * win.seconds / win.steps,
+            "tokens_per_s": tokens_per_s,
+        }
+        if self.device.type == "cuda":
+            from mars.model.flops import flops_per_token, mfu
+
+            fpt = flops_per_token(self.cfg.model)
+            record["mfu"] = mfu(tokens_per_s, fpt, self.device, num_devices=self.dist.world_size)
+        self._log(record)
+        self.progress.show(record)
+
+
+@dataclass
+class StepResult:
+    loss_sum: torch.Tensor  # this rank's sum of micro-batch mean losses (on the device)
+    grad_norm: float  # global gradient norm before clipping
+    stepped: bool  # False: non-finite norm, the update was skipped
+    stop: bool  # a rank got SIGTERM / SIGINT: every rank stops after this step
+    lr: float
+
+
+class _Window:
+    """Sums over the steps since the last training log line (the loss stays on the device)."""
+
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), device=device)
+        self.norm, self.good, self.steps, self.seconds = 0.0, 0, 0, 0.0
+
+    def add(self, loss_sum: torch.Tensor, norm: float) -> None:
+        self.loss += loss_sum
+        self.norm += norm
+        self.good += 1

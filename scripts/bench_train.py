@@ -1,0 +1,159 @@
+"""Training-step speed of the optimizers in the real training loop (model, loader, clip, step).
+
+    python scripts/bench_train.py                                   # gpt2_tiny on the CPU, 10 steps each
+    python scripts/bench_train.py --model gpt2_small --batch-size 16 --steps 30 --json bench.json   # a GPU
+
+Runs the same config with AdamW, MARS-AdamW approximate, MARS-AdamW exact (two forward/backward
+passes per step) and MARS-M, and prints ms/step and tokens/s with ratios to AdamW, plus the two
+targets: approximate MARS >= 0.95x AdamW tokens/s, exact <= 2.1x approximate's step time.
+On CUDA the rows also carry MFU. --json FILE writes the rows (CLI.md: "name", "ms_per_step",
+"tokens_per_s", "ratio_to_baseline", "baseline", ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+# name -> optimizer overrides
+OPTIMIZERS = {
+    "adamw": ["optimizer=adamw"],
+    "mars_adamw_approx": ["optimizer=mars_adamw", "optimizer.approx=true"],
+    "mars_adamw_exact": ["optimizer=mars_adamw", "optimizer.approx=false"],
+    "mars_m": ["optimizer=mars_m"],
+}
+BASELINE = "adamw"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir: Path) -> dict:
+    from mars.data import ensure_prepared
+    from mars.train.cli import compose_config
+    from mars.train.distributed import DistInfo, resolve_device
+    from mars.train.trainer import Trainer
+
+    cfg = compose_config([*overrides, *OPTIMIZERS[name]])
+    ensure_prepared(cfg.data)
+    trainer = Trainer(cfg, run_dir / name, DistInfo(device=resolve_device(cfg.train.device)))
+    device = trainer.device
+    for _ in range(warmup):  # compile, allocator and cache warm-up
+        trainer.train_step()
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        trainer.train_step()  # ends with a host read of the grad norm, so the step is done
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    ms = 1000 * statistics.median(times)
+    tokens_per_s = trainer.tokens_per_step / (ms / 1000)
+    row = {
+        "name": name,
+        "optimizer": cfg.optimizer.name,
+        "exact": trainer.exact,
+        "ms_per_step": ms,
+        "ms_per_step_mean": 1000 * statistics.fmean(times),
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_step": trainer.tokens_per_step,
+        "steps": steps,
+        "device": str(device),
+        "model": f"{cfg.model.n_layer}L/{cfg.model.n_embd}d/T{cfg.model.block_size}",
+    }
+    if device.type == "cuda":
+        from mars.model.flops import flops_per_token, mfu
+
+        row["mfu"] = mfu(tokens_per_s, flops_per_token(cfg.model), device)
+        row["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        torch.cuda.reset_peak_memory_stats(device)
+    del trainer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="gpt2_tiny", help="model config (configs/model/NAME.yaml)")
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per step (one micro-batch)")
+    p.add_argument("--block-size", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per optimizer (median reported)")
+    p.add_argument(
+        "--warmup", type=int, default=3, help="untimed steps first (TorchScript and torch.compile warm up)"
+    )
+    p.add_argument("--device", default="auto")
+    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), default=list(OPTIMIZERS))
+    p.add_argument("--json", type=Path, help="write the rows as a JSON list")
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. data.root=/data")
+    args = p.parse_args(argv)
+
+    overrides = [
+        f"model={args.model}",
+        f"train.batch_size={args.batch_size}",
+        f"train.global_batch_size={args.batch_size}",
+        f"train.device={args.device}",
+        "train.eval_steps=0",
+        "train.progress=false",
+        "logger=disabled",
+        "schedule.warmup_steps=0",
+    ]
+    if args.block_size:
+        overrides.append(f"model.block_size={args.block_size}")
+    if args.compile != "auto":
+        overrides.append(f"train.compile={'true' if args.compile == 'on' else 'false'}")
+    overrides += args.overrides
+
+    names = list(args.optimizers)
+    if BASELINE not in names:
+        names.insert(0, BASELINE)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
+        for name in names:
+            rows.append(bench_one(name, overrides, args.steps, args.warmup, Path(tmp)))
+            print(f"  {name}: {rows[-1]['ms_per_step']:.1f} ms/step", file=sys.stderr, flush=True)
+    base = next(r for r in rows if r["name"] == BASELINE)
+    for r in rows:
+        r["baseline"] = BASELINE
+        r["ratio_to_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
+        r["step_time_ratio_to_baseline"] = r["ms_per_step"] / base["ms_per_step"]
+
+    print(
+        f"\n{rows[0]['model']}, {rows[0]['tokens_per_step']} tokens/step on {rows[0]['device']}, "
+        f"median of {args.steps} steps"
+    )
+    header = f"{'optimizer':<20}{'ms/step':>10}{'tokens/s':>12}{'x AdamW tok/s':>15}"
+    has_mfu = any("mfu" in r for r in rows)
+    print(header + (f"{'MFU':>8}" if has_mfu else ""))
+    for r in rows:
+        line = f"{r['name']:<20}{r['ms_per_step']:>10.1f}{r['tokens_per_s']:>12.0f}"
+        line += f"{r['ratio_to_baseline']:>15.3f}"
+        if has_mfu and r.get("mfu") is not None:
+            line += f"{100 * r['mfu']:>7.1f}%"
+        print(line)
+    by = {r["name"]: r for r in rows}
+    if "mars_adamw_approx" in by:
+        ratio = by["mars_adamw_approx"]["ratio_to_baseline"]
+        print(f"approx MARS tokens/s vs AdamW: {ratio:.3f}x (target >= 0.95x)")
+        if "mars_adamw_exact" in by:
+            ratio = by["mars_adamw_exact"]["ms_per_step"] / by["mars_adamw_approx"]["ms_per_step"]
+            by["mars_adamw_exact"]["step_time_ratio_to_approx"] = ratio
+            print(f"exact MARS step time vs approx: {ratio:.3f}x (target <= 2.1x)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""`python train.py ...` in process: bad input gives one clear line; resume=auto without a checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+import torch
+from train_helpers import tiny_overrides
+
+from mars.train import cli
+from mars.train.distributed import DistInfo
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """Hydra configures the root logger (a handler on this test's captured stdout): undo it after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for h in root.handlers[:]:
+        if h not in handlers:
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(level)
+
+
+def run_cli(monkeypatch, capsys, args) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["train.py", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line(err: str, *fragments: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["model=gpt2_huge"], ["Could not find 'model/gpt2_huge'", "gpt2_tiny"]),
+        (["train.max_steps=many"], ["train.max_steps=many", "could not be converted to Integer"]),
+        (["train.batch_size=0"], ["train.batch_size=0 must be >= 1"]),
+        (["train.batch_size=3", "train.global_batch_size=8"], ["not a multiple of train.batch_size"]),
+    ],
+)
+def test_config_errors_exit_2_with_one_line(monkeypatch, capsys, tmp_path, args, fragments):
+    code, _, err = run_cli(monkeypatch, capsys, [*args, f"hydra.run.dir={tmp_path}/run"])
+    assert code == 2
+    assert_one_line(err, *fragments)
+    assert not (tmp_path / "run").exists()  # nothing written before the check
+
+
+def test_missing_dataset_names_the_prepare_command(monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(
+        monkeypatch,
+        capsys,
+        ["data=openwebtext", f"data.root={tmp_path}/data", f"hydra.run.dir={tmp_path}/run"],
+    )
+    assert code == 1
+    assert_one_line(err, "scripts/prepare_data.py", "data=openwebtext")
+
+
+def test_checkpoint_of_another_model_shape(monkeypatch, capsys, tmp_path, data_root):
+    from train_helpers import compose
+
+    from mars.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    tr = Trainer(compose(tiny_overrides(data_root)), run, DistInfo())
+    tr.save()
+    args = [*tiny_overrides(data_root), "model.n_embd=64", "train.resume=auto", f"hydra.run.dir={run}"]
+    code, _, err = run_cli(monkeypatch, capsys, args)
+    assert code == 1
+    assert_one_line(err, "holds a different model", "n_embd=32 (config: 64)")
+
+
+def test_resume_from_a_path_without_checkpoint(monkeypatch, capsys, tmp_path, data_root):
+    args = [*tiny_overrides(data_root), f"train.resume={tmp_path}/nothing", f"hydra.run.dir={tmp_path}/run"]
+    code, _, err = run_cli(monkeypatch, capsys, args)
+    assert code == 1
+    assert_one_line(err, f"train.resume={tmp_path}/nothing: no complete checkpoint there")
+
+
+def test_resume_auto_without_checkpoint_starts_fresh_and_says_so(monkeypatch, capsys, tmp_path, data_root):
+    run = tmp_path / "run"
+    args = [*tiny_overrides(data_root, max_steps=1), "train.resume=auto", f"hydra.run.dir={run}"]
+    code, out, err = run_cli(monkeypatch, capsys, args)  # Hydra logs INFO to stdout and RUN_DIR/train.log
+    assert code == 0, err
+    assert f"train.resume=auto: no checkpoint in {run}/ckpt, starting from scratch" in out
+    assert (run / "ckpt" / "step_00000001" / "config.yaml").is_file()
+    assert (run / ".hydra" / "config.yaml").is_file()

@@ -1,0 +1,53 @@
+import json
+import math
+
+import torch
+
+from mars.train import metrics
+from mars.train.metrics import MetricsFile, read_metrics, wandb_mode
+
+
+def test_metrics_file_writes_one_object_per_line(tmp_path):
+    f = MetricsFile(tmp_path)
+    f.write({"step": 1, "tokens": 8, "train/loss": torch.tensor(2.5), "lr": 1e-3})
+    f.write({"step": 1, "tokens": 8, "val/loss": float("nan")})
+    f.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[0]) == {"step": 1, "tokens": 8, "train/loss": 2.5, "lr": 1e-3}
+    assert json.loads(lines[1])["val/loss"] == "nan"  # strict JSON: no NaN literal
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 1]
+
+
+def test_truncate_after_drops_lines_past_the_resumed_step_and_a_torn_tail(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        "".join(json.dumps({"step": s, "tokens": s}) + "\n" for s in range(1, 6)) + '{"step": 6, "tok'
+    )
+    MetricsFile(tmp_path).truncate_after(3)
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
+    f = MetricsFile(tmp_path)
+    f.write({"step": 4, "tokens": 4})
+    f.close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
+
+
+def test_wandb_mode_env_wins_and_online_without_key_goes_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode("online") == "disabled"
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    assert wandb_mode("online") == "offline"
+    assert wandb_mode("disabled") == "disabled"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode("online") == "online"
+
+
+def test_disabled_wandb_logger_is_a_no_op(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    from mars.train.config import WandbConfig
+
+    logger = metrics.WandbLogger(WandbConfig(), ".", {"a": 1})
+    assert logger.run is None and logger.run_id is None
+    logger.log({"step": 1, "x": math.pi})  # a no-op
+    logger.finish()

@@ -1,0 +1,273 @@
+"""The training loop in one process: exact MARS against a hand computation, gradient accumulation,
+the logged loss, non-finite steps, and exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch.func import functional_call
+from train_helpers import compose, tiny_overrides
+
+from mars.train.checkpoint import latest_checkpoint
+from mars.train.distributed import DistInfo
+from mars.train.trainer import Trainer, TrainingDivergedError
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run several times faster on one thread (and the CPU is shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_trainer(data_root, run_dir, extra=(), resume_from=None, **train) -> Trainer:
+    cfg = compose([*tiny_overrides(data_root, **train), *extra])
+    return Trainer(cfg, run_dir, DistInfo(), resume_from=resume_from)
+
+
+def metric_lines(run_dir, key="train/loss") -> dict[int, float]:
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if key in rec:
+            out[rec["step"]] = rec[key]
+    return out
+
+
+def count_backward_passes(trainer: Trainer) -> list[int]:
+    """A counter bumped once per backward pass (hook on the position embedding's gradient)."""
+    calls = [0]
+    wpe = trainer.raw_model.transformer.wpe.weight
+
+    def bump(_):
+        calls[0] += 1
+
+    wpe.register_post_accumulate_grad_hook(bump)
+    return calls
+
+
+# ----------------------------------------------------------------------------- exact MARS by hand
+
+HP = dict(
+    lr=1e-2, lr_1d=5e-3, wd=0.01, wd_1d=0.1, betas=(0.95, 0.99), betas_1d=(0.9, 0.95), gamma=0.1, eps=1e-8
+)
+CLIP = 0.5
+EXACT = [
+    "optimizer=mars_adamw",
+    "optimizer.approx=false",
+    f"optimizer.lr={HP['lr']}",
+    f"optimizer.lr_1d={HP['lr_1d']}",
+    f"optimizer.weight_decay={HP['wd']}",
+    f"optimizer.weight_decay_1d={HP['wd_1d']}",
+    "optimizer.betas=[0.95,0.99]",
+    "optimizer.betas_1d=[0.9,0.95]",
+    f"optimizer.gamma={HP['gamma']}",
+    "optimizer.optimize_1d=false",
+    "schedule=constant",
+    "schedule.warmup_steps=0",
+]
+
+
+def hand_mars_adamw(model, batches, steps: int, exact: bool):
+    """MARS-AdamW (MARS_SPEC sections 1, 2, 5) written out per tensor, driven like the trainer:
+    mean loss over the micro-batches, global grad-norm clip at CLIP (also on the look-ahead
+    gradient), g_prev = grad f(x_{t-1}, B_t) in exact mode or last step's gradient in approx mode."""
+    x = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def grad(params, step):
+        ps = {n: v.clone().requires_grad_(True) for n, v in params.items()}
+        losses = [functional_call(model, ps, (bx, by))[1] for bx, by in batches[step]]
+        g = torch.autograd.grad(sum(losses) / len(losses), list(ps.values()))
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in g]))
+        coef = min(1.0, CLIP / (float(norm) + 1e-6))
+        return {n: t * coef for n, t in zip(ps, g, strict=True)}
+
+    b1, b2 = HP["betas"]
+    a1, a2 = HP["betas_1d"]
+    m = {n: torch.zeros_like(v) for n, v in x.items()}
+    v = {n: torch.zeros_like(t) for n, t in x.items()}
+    g_prev = {n: torch.zeros_like(t) for n, t in x.items()}
+    for k in range(1, steps + 1):
+        ahead = grad(x, k) if exact else None  # grad f(x_{k-1}, B_k): next step's g_prev
+        g = grad(x, k - 1)
+        for n in x:
+            if x[n].ndim == 2:  # MARS on matrices, embeddings in the no-weight-decay group
+                c = g[n] + HP["gamma"] * b1 / (1 - b1) * (g[n] - g_prev[n])
+                norm = torch.linalg.vector_norm(c)
+                if norm > 1:
+                    c = c / norm
+                m[n] = b1 * m[n] + (1 - b1) * c
+                v[n] = b2 * v[n] + (1 - b2) * c * c
+                step = m[n] / ((v[n].sqrt() / math.sqrt(1 - b2**k) + HP["eps"]) * (1 - b1**k))
+                wd = 0.0 if n.startswith(("transformer.wte", "transformer.wpe")) else HP["wd"]
+                x[n] = x[n] - HP["lr"] * (wd * x[n] + step)
+            else:  # 1-D tensors: plain AdamW on the raw gradient with the *_1d settings
+                m[n] = a1 * m[n] + (1 - a1) * g[n]
+                v[n] = a2 * v[n] + (1 - a2) * g[n] * g[n]
+                step = m[n] / ((v[n].sqrt() / math.sqrt(1 - a2**k) + HP["eps"]) * (1 - a1**k))
+                x[n] = x[n] - HP["lr_1d"] * (HP["wd_1d"] * x[n] + step)
+        g_prev = ahead if exact else g
+    return x
+
+
+def test_exact_mars_matches_a_hand_computed_three_step_trajectory(data_root, tmp_path):
+    tr = make_trainer(
+        data_root, tmp_path, EXACT, grad_clip=CLIP, max_steps=3, batch_size=2, global_batch_size=4
+    )
+    assert tr.exact and tr.accum_steps == 2
+    start = {n: p.detach().clone() for n, p in tr.raw_model.named_parameters()}
+    batches = [tr.loader.get(k) for k in range(4)]
+    backward = count_backward_passes(tr)
+    for _ in range(3):
+        tr.train_step()
+    assert backward[0] == 3 * 2 * 2  # 3 steps x (look-ahead + own) x 2 micro-steps
+
+    reference = type(tr.raw_model)(tr.raw_model.config)
+    reference.load_state_dict(start, strict=False)
+    reference.tie_weights()
+    exact = hand_mars_adamw(reference, batches, 3, exact=True)
+    approx = hand_mars_adamw(reference, batches, 3, exact=False)
+    gap = 0.0
+    for n, p in tr.raw_model.named_parameters():
+        torch.testing.assert_close(p.detach(), exact[n], rtol=1e-4, atol=2e-6, msg=lambda m, n=n: f"{n}: {m}")
+        gap = max(gap, float((exact[n] - approx[n]).abs().max()))
+    assert gap > 1e-4  # the test tells exact from approximate g_prev
+
+
+def test_approx_mars_does_one_backward_per_micro_step(data_root, tmp_path):
+    tr = make_trainer(data_root, tmp_path, ["optimizer=mars_adamw"], batch_size=2, global_batch_size=4)
+    assert not tr.exact
+    backward = count_backward_passes(tr)
+    tr.train_step()
+    tr.train_step()
+    assert backward[0] == 2 * 2
+
+
+# ----------------------------------------------------------------------------- accumulation and logging
+
+
+def test_sum_reduction_gives_accumulation_steps_times_the_mean_gradient(data_root, tmp_path):
+    grads = {}
+    for mode in ("mean", "sum"):
+        tr = make_trainer(
+            data_root, tmp_path / mode, grad_reduction=mode, grad_clip=0, batch_size=1, global_batch_size=4
+        )
+        tr.forward_backward_step(0)
+        grads[mode] = [p.grad.clone() for p in tr.params]
+    assert tr.accum_steps == 4
+    for mean, total in zip(grads["mean"], grads["sum"], strict=True):
+        torch.testing.assert_close(total, 4 * mean)
+
+
+def test_logged_train_loss_is_the_mean_over_the_global_batch(data_root, tmp_path):
+    tr = make_trainer(data_root, tmp_path, max_steps=1, batch_size=1, global_batch_size=3, eval_steps=0)
+    with torch.no_grad():
+        expected = sum(float(tr.raw_model(x, y)[1]) for x, y in tr.loader.get(0)) / 3
+    tr.fit()
+    assert metric_lines(tmp_path)[1] == pytest.approx(expected, rel=1e-6)
+
+
+def test_metrics_lines_follow_the_documented_schema(data_root, tmp_path):
+    make_trainer(data_root, tmp_path, max_steps=4, log_interval=2, eval_interval=2).fit()
+    lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all("step" in r and "tokens" in r for r in lines)
+    train = [r for r in lines if "train/loss" in r]
+    val = [r for r in lines if "val/loss" in r]
+    assert [r["step"] for r in train] == [2, 4] and [r["step"] for r in val] == [0, 2, 4]
+    assert train[-1]["tokens"] == 4 * 4 * 32  # steps x sequences x block_size
+    for key in ("lr", "grad_norm", "train/clip_rate", "time", "tokens_per_s", "ms_per_step"):
+        assert math.isfinite(train[-1][key]), key
+    assert latest_checkpoint(tmp_path / "ckpt").name == "step_00000004"  # the final checkpoint
+
+
+# ----------------------------------------------------------------------------- non-finite steps
+
+
+def poison(trainer: Trainer, bad_steps: set[int]) -> None:
+    """Make the loss NaN during the given (0-based) optimizer steps."""
+    model, forward = trainer.raw_model, trainer.raw_model.forward
+
+    def nan_forward(x, y=None):
+        logits, loss = forward(x, y)
+        if trainer.state.step in bad_steps and loss is not None and torch.is_grad_enabled():
+            loss = loss * float("nan")
+        return logits, loss
+
+    model.forward = nan_forward
+
+
+def test_non_finite_steps_are_skipped_counted_and_stop_the_run(data_root, tmp_path):
+    tr = make_trainer(data_root, tmp_path, max_steps=8, max_nonfinite_steps=2, ckpt_interval=1)
+    poison(tr, {1, 3, 4})
+    before = {n: p.detach().clone() for n, p in tr.raw_model.named_parameters()}
+    tr.train_step()  # step 0: fine
+    after0 = {n: p.detach().clone() for n, p in tr.raw_model.named_parameters()}
+    assert any(not torch.equal(before[n], after0[n]) for n in before)
+    out = tr.train_step()  # step 1: NaN, skipped
+    assert not out.stepped and tr.state.nonfinite_total == 1
+    assert all(torch.equal(after0[n], p) for n, p in tr.raw_model.named_parameters())
+    tr.state.step = 0  # replay through fit(): the streak of two NaN steps (3, 4) stops the run
+    tr.state.nonfinite_total = tr.state.nonfinite_streak = 0
+    with pytest.raises(TrainingDivergedError, match="2 steps in a row"):
+        tr.fit()
+    assert all(torch.isfinite(p).all() for p in tr.raw_model.parameters())
+    # step 4 (one skipped step, weights of step 3) was saved; the run stopped during step 5
+    assert latest_checkpoint(tmp_path / "ckpt").name == "step_00000004"
+    lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in lines if "train/loss" in r]
+    assert [r["train/nonfinite_steps"] for r in train] == [0, 1, 1, 2]
+    assert train[-1]["train/loss"] == "nan"  # a window of skipped steps has no loss
+
+
+# ----------------------------------------------------------------------------- exact resume in process
+
+
+@pytest.mark.parametrize(
+    "extra", [["optimizer.approx=false"], ["optimizer=adamw"]], ids=["mars_exact", "adamw"]
+)
+def test_resume_from_a_checkpoint_reproduces_the_straight_run(data_root, tmp_path, extra):
+    straight = tmp_path / "straight"
+    make_trainer(data_root, straight, extra, max_steps=6).fit()
+
+    split = tmp_path / "split"
+    first = make_trainer(data_root, split, extra, max_steps=6)
+    first._fit_start = None
+    for _ in range(3):
+        first.train_step()
+    first.save()
+    resumed = make_trainer(
+        data_root, split, extra, max_steps=6, resume_from=latest_checkpoint(split / "ckpt")
+    )
+    assert resumed.state.step == 3
+    resumed.fit()
+    want, got = metric_lines(straight), metric_lines(split)
+    assert [got[s] for s in (4, 5, 6)] == [want[s] for s in (4, 5, 6)]  # bit-identical
+
+
+def test_in_loop_downstream_eval_is_logged_every_interval(data_root, tmp_path, monkeypatch):
+    import mars.eval.harness as harness
+
+    calls = []
+
+    def fake_evaluate_model(model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0):
+        calls.append((model.training, list(tasks), limit, batch_size, device, num_fewshot))
+        return {"hellaswag": {"acc": 0.25, "acc_norm": 0.5, "alias": "hellaswag"}}
+
+    monkeypatch.setattr(harness, "evaluate_model", fake_evaluate_model)
+    extra = ["downstream.tasks=[hellaswag]", "downstream.interval=2", "downstream.limit=10"]
+    tr = make_trainer(data_root, tmp_path, extra, max_steps=4)
+    tr.fit()
+    assert calls == [(False, ["hellaswag"], 10, 8, "cpu", 0)] * 2  # steps 2 and 4, model in eval mode
+    assert tr.raw_model.training
+    lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    downstream = [r for r in lines if any(k.startswith("downstream/") for k in r)]
+    assert [r["step"] for r in downstream] == [2, 4]
+    assert (
+        downstream[0]["downstream/hellaswag/acc"] == 0.25
+        and "downstream/hellaswag/alias" not in downstream[0]
+    )

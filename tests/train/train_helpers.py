@@ -1,0 +1,59 @@
+"""Helpers of the training tests: config composition, tiny-run overrides, subprocess environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A model small enough for many CPU runs (the vocabulary stays GPT-2's: the corpus needs it).
+TINY_MODEL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32"]
+
+
+def tiny_overrides(data_root, **train) -> list[str]:
+    """Overrides for a few-second CPU run: tiny model, 4 sequences per step, no wandb, no bar."""
+    values = {
+        "batch_size": 2,
+        "global_batch_size": 4,
+        "max_steps": 4,
+        "eval_interval": 0,
+        "eval_steps": 2,
+        "log_interval": 1,
+        "ckpt_interval": 0,
+        "device": "cpu",
+        "progress": False,
+    }
+    values.update(train)
+    return [
+        *TINY_MODEL,
+        f"data.root={data_root}",
+        "logger=disabled",
+        "schedule.warmup_steps=2",
+        *(f"train.{k}={'null' if v is None else v}" for k, v in values.items()),
+    ]
+
+
+def compose(overrides: list[str] | None = None):
+    """The config `python train.py OVERRIDES` would run (Hydra's compose API, no run dir)."""
+    from mars.train.cli import compose_config
+
+    return compose_config(overrides)
+
+
+def subprocess_env() -> dict:
+    """Environment of a CLI subprocess: offline, quiet, 1 thread per process (2 cores, 2 ranks)."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "WANDB_MODE": "disabled",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+            "HYDRA_FULL_ERROR": "0",
+        }
+    )
+    return env
+
+
+PYTHON = sys.executable

@@ -1,0 +1,195 @@
+"""Multi-tensor (torch._foreach_*) update kernels: the portable implementation.
+
+Every function takes same-device, same-dtype lists of tensors and plain Python hyperparameters and
+updates them in place. On CUDA each line is one multi-tensor launch; on CPU each line is a loop in
+C++. No line reads a value back to the host. `_fused.py` has the same functions, compiled.
+
+Notation follows MARS_SPEC.md: g gradient, g_prev previous gradient, c = g + k (g - g_prev) with
+k = gamma * beta1 / (1 - beta1), c~ = c / max(||c||, 1) (per tensor), m, v first/second moments.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+Tensors = list[Tensor]
+
+
+def clip_unit_norm_(tensors: Tensors) -> None:
+    """Per-tensor unit-norm clip: t <- t / max(||t||_2, 1). A NaN norm propagates into t."""
+    if not tensors:
+        return
+    norms = torch.stack(torch._foreach_norm(tensors)).clamp_(min=1.0)
+    torch._foreach_div_(tensors, list(norms.unbind(0)))
+
+
+def _correction(grads: Tensors, prevs: Tensors, k: float, clip: bool) -> Tensors:
+    """c = g + k (g - g_prev), clipped to unit norm per tensor when `clip`."""
+    c = torch._foreach_sub(grads, prevs)
+    torch._foreach_mul_(c, k)
+    torch._foreach_add_(c, grads)
+    if clip:
+        clip_unit_norm_(c)
+    return c
+
+
+def _ema_(bufs: Tensors, x: Tensors, beta: float) -> None:
+    """buf <- beta buf + (1 - beta) x, in the reference's operation order."""
+    torch._foreach_mul_(bufs, beta)
+    torch._foreach_add_(bufs, x, alpha=1.0 - beta)
+
+
+def _ema_sq_(bufs: Tensors, x: Tensors, beta: float) -> None:
+    torch._foreach_mul_(bufs, beta)
+    torch._foreach_addcmul_(bufs, x, x, value=1.0 - beta)
+
+
+def _sign(tensors: Tensors) -> Tensors:
+    """sign(t) + 0 t: exactly sign(t) for finite t, NaN where t is NaN or inf (torch.sign(NaN) is 0,
+    which would silently freeze the tensor instead of exposing the bad gradient)."""
+    signs = torch._foreach_sign(tensors)
+    torch._foreach_add_(signs, tensors, alpha=0.0)
+    return signs
+
+
+def _apply_(params: Tensors, updates: Tensors, lr: float, weight_decay: float) -> None:
+    """x <- x - lr (wd x + update); `updates` is consumed."""
+    if weight_decay:
+        torch._foreach_add_(updates, params, alpha=weight_decay)
+    torch._foreach_add_(params, updates, alpha=-lr)
+
+
+def _adam_apply_(params, exp_avgs, second, *, lr, weight_decay, bc1, bc2_sqrt, eps) -> None:
+    """x <- x - lr (wd x + m / ((sqrt(v) / sqrt(bc2) + eps) bc1))."""
+    denom = torch._foreach_sqrt(second)
+    torch._foreach_mul_(denom, 1.0 / bc2_sqrt)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_mul_(denom, bc1)
+    _apply_(params, torch._foreach_div(exp_avgs, denom), lr, weight_decay)
+
+
+def _second_moment(exp_avg_sqs, max_exp_avg_sqs):
+    if max_exp_avg_sqs is None:
+        return exp_avg_sqs
+    torch._foreach_maximum_(max_exp_avg_sqs, exp_avg_sqs)
+    return max_exp_avg_sqs
+
+
+def adamw_(
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    *,
+    lr,
+    weight_decay,
+    beta1,
+    beta2,
+    step,
+    eps,
+    eps_form="torch",
+    max_exp_avg_sqs=None,
+) -> None:
+    """AdamW on the raw gradient. eps_form "torch": m / (sqrt(v / bc2) + eps) / bc1 (torch, MARS 1-D
+    path); "moonlight": m / (sqrt(v) + eps) * sqrt(bc2) / bc1 (eps not bias-corrected)."""
+    bc1, bc2_sqrt = 1.0 - beta1**step, math.sqrt(1.0 - beta2**step)
+    eps = eps if eps_form == "torch" else eps / bc2_sqrt
+    _ema_(exp_avgs, grads, beta1)
+    _ema_sq_(exp_avg_sqs, grads, beta2)
+    second = _second_moment(exp_avg_sqs, max_exp_avg_sqs)
+    _adam_apply_(
+        params, exp_avgs, second, lr=lr, weight_decay=weight_decay, bc1=bc1, bc2_sqrt=bc2_sqrt, eps=eps
+    )
+
+
+def mars_(
+    params,
+    grads,
+    prevs,
+    exp_avgs,
+    exp_avg_sqs,
+    *,
+    kind,
+    lr,
+    weight_decay,
+    beta1,
+    beta2,
+    step,
+    eps,
+    gamma,
+    clip,
+    max_exp_avg_sqs=None,
+) -> None:
+    """One MARS-AdamW (kind "adamw") or MARS-Lion (kind "lion") step; then g_prev <- g."""
+    c = _correction(grads, prevs, gamma * beta1 / (1.0 - beta1), clip)
+    _ema_(exp_avgs, c, beta1)
+    if kind == "adamw":
+        _ema_sq_(exp_avg_sqs, c, beta2)
+        second = _second_moment(exp_avg_sqs, max_exp_avg_sqs)
+        _adam_apply_(
+            params,
+            exp_avgs,
+            second,
+            lr=lr,
+            weight_decay=weight_decay,
+            bc1=1.0 - beta1**step,
+            bc2_sqrt=math.sqrt(1.0 - beta2**step),
+            eps=eps,
+        )
+    else:
+        _apply_(params, _sign(exp_avgs), lr, weight_decay)
+    torch._foreach_copy_(prevs, grads)
+
+
+def lion_(params, grads, exp_avgs, *, lr, weight_decay, beta1, beta2) -> None:
+    """Lion: x <- x (1 - lr wd) - lr sign(beta1 m + (1 - beta1) g); m <- beta2 m + (1 - beta2) g."""
+    update = torch._foreach_mul(exp_avgs, beta1)
+    torch._foreach_add_(update, grads, alpha=1.0 - beta1)
+    update = _sign(update)
+    if weight_decay:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    torch._foreach_add_(params, update, alpha=-lr)
+    _ema_(exp_avgs, grads, beta2)
+
+
+# ---- momentum of the matrix optimizers: update the buffer, write the Newton-Schulz input to `outs`
+# (bfloat16 slices of one batched tensor, shaped like the inputs).
+
+
+def sgd_momentum_(grads, bufs, outs, *, momentum, nesterov) -> None:
+    """Muon: buf <- mu buf + g; NS input g + mu buf (Nesterov) or buf."""
+    torch._foreach_mul_(bufs, momentum)
+    torch._foreach_add_(bufs, grads)
+    torch._foreach_copy_(outs, torch._foreach_add(grads, bufs, alpha=momentum) if nesterov else bufs)
+
+
+def ema_momentum_(grads, bufs, outs, *, beta, nesterov) -> None:
+    """Moonlight (MARS-M with gamma = 0): M <- beta M + (1 - beta) G; NS input M, or with Nesterov
+    (1 - beta) G + beta M."""
+    _ema_(bufs, grads, beta)
+    if nesterov:
+        src = torch._foreach_mul(grads, 1.0 - beta)
+        torch._foreach_add_(src, bufs, alpha=beta)
+    else:
+        src = bufs
+    torch._foreach_copy_(outs, src)
+
+
+def mars_momentum_(grads, prevs, bufs, outs, *, beta, gamma, clip, out_scale) -> None:
+    """MARS-M / MARS-Shampoo: m <- beta m + (1 - beta) c~; NS input out_scale * m; g_prev <- g."""
+    c = _correction(grads, prevs, gamma * beta / (1.0 - beta), clip)
+    _ema_(bufs, c, beta)
+    torch._foreach_copy_(prevs, grads)
+    torch._foreach_copy_(outs, torch._foreach_mul(bufs, out_scale) if out_scale != 1.0 else bufs)
+
+
+def lean_momentum_(grads, bufs, outs, *, momentum, gamma) -> None:
+    """Memory-lean approximate MARS-M: buf <- mu buf + ((1-gamma)(1-mu)/mu) g; NS input gamma g + mu buf."""
+    torch._foreach_mul_(bufs, momentum)
+    torch._foreach_add_(bufs, grads, alpha=(1.0 - gamma) * (1.0 - momentum) / momentum)
+    src = torch._foreach_mul(grads, gamma)
+    torch._foreach_add_(src, bufs, alpha=momentum)
+    torch._foreach_copy_(outs, src)

@@ -1,0 +1,40 @@
+"""Choose the update implementation for a bucket of tensors: compiled fused kernels or multi-tensor ops."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from . import _foreach, _fused
+
+
+def check_fused_flag(owner: str, fused: bool | None, device: torch.device | None) -> None:
+    """fused=True is a request the optimizer must be able to honour: fail at construction if it cannot."""
+    if fused not in (None, True, False):
+        raise ValueError(f"{owner}: invalid fused={fused!r}: must be None (auto), True or False")
+    if fused and device is not None and not _fused.available(device):
+        raise ValueError(
+            f"{owner}: fused=True needs torch.compile with a C++ compiler (CPU) or Triton (CUDA) for "
+            f"{device.type} tensors; pass fused=None (auto) or fused=False"
+        )
+
+
+def select(fused: bool | None, *tensor_lists: list[torch.Tensor]) -> ModuleType:
+    """fused None (auto): compiled kernels where available, else multi-tensor; False: multi-tensor.
+    Non-contiguous tensors (they cannot be flattened in place) always take the multi-tensor path."""
+    if fused is False:
+        return _foreach
+    first = tensor_lists[0][0]
+    if not _fused.available(first.device):
+        return _foreach
+    if not all(t.is_contiguous() for tensors in tensor_lists for t in tensors):
+        return _foreach
+    return _fused
+
+
+def first_device(params) -> torch.device | None:
+    for group in params:
+        for p in group["params"]:
+            return p.device
+    return None

@@ -1,0 +1,76 @@
+"""Lion (Chen et al., 2023), the baseline of MARS-Lion (MARS_SPEC section 4)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch.optim import Optimizer
+
+from . import _checks, _kernels
+from ._common import ensure_buffers
+
+
+class Lion(Optimizer):
+    r"""Lion: sign of an interpolated momentum, decoupled weight decay::
+
+        u  = sign(beta1 m + (1 - beta1) g)
+        x <- x (1 - lr weight_decay) - lr u
+        m <- beta2 m + (1 - beta2) g
+
+    MARS-Lion with gamma=0 and clip_c=False is Lion with beta2 = beta1. Lion steps have unit
+    magnitude per coordinate: use a learning rate several times smaller than AdamW's and a weight
+    decay several times larger. One state buffer ("exp_avg") per parameter. Non-finite gradients are
+    not detected (no host sync); they make the update and m NaN (sign() is taken so that NaN stays
+    NaN instead of becoming a silent 0), so check the gradient norm before step(). Tensors whose
+    grad is None are skipped.
+    """
+
+    needs_previous_grads = False
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, fused=None):
+        defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        _validate(defaults)
+        self.fused = fused
+        super().__init__(params, defaults)
+        _kernels.check_fused_flag("Lion", fused, _kernels.first_device(self.param_groups))
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        _validate(self.param_groups[-1])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            buckets = defaultdict(list)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                _checks.dense_grad("Lion", p)
+                ensure_buffers(self.state[p], p, ("exp_avg",))
+                buckets[(p.device, p.dtype)].append(p)
+            beta1, beta2 = group["betas"]
+            for params in buckets.values():
+                grads = [p.grad for p in params]
+                exp_avgs = [self.state[p]["exp_avg"] for p in params]
+                impl = _kernels.select(self.fused, params, grads, exp_avgs)
+                impl.lion_(
+                    params,
+                    grads,
+                    exp_avgs,
+                    lr=group["lr"],
+                    weight_decay=group["weight_decay"],
+                    beta1=beta1,
+                    beta2=beta2,
+                )
+        return loss
+
+
+def _validate(group: dict) -> None:
+    _checks.non_negative("Lion", "lr", group["lr"])
+    _checks.non_negative("Lion", "weight_decay", group["weight_decay"])
+    _checks.betas("Lion", "betas", group["betas"])

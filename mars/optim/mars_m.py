@@ -1,0 +1,130 @@
+"""MARS-M: MARS variance reduction on the Moonlight form of Muon (MARS_SPEC section 3)."""
+
+from __future__ import annotations
+
+from . import _checks, _kernels
+from ._exact import PreviousGradsMixin
+from .muon import MatrixOptimizer
+
+
+class MARSM(PreviousGradsMixin, MatrixOptimizer):
+    r"""MARS-M (Liu, Yuan, Gu, 2025). For hidden weight matrices, with k = gamma beta / (1 - beta)::
+
+        C  = G + k (G - G_prev)           G_prev: approx = last step's G; exact = grad f(X_{t-1}, xi_t)
+        C~ = C / ||C||_F if ||C||_F > 1   (clip_c=True, the default; the reference always clips)
+        M  = beta M + (1 - beta) C~
+        X <- X (1 - lr wd) - lr 0.2 sqrt(max(A, B)) NS(M)     Moonlight Newton-Schulz, bfloat16
+
+    beta is `momentum`. Other tensors (embeddings, head, 1-D; see `param_groups(model, "mars_m")`)
+    take the Moonlight AdamW (same lr and weight decay, adamw_betas, eps not bias-corrected).
+    gamma = 0 with clip_c=False is Moonlight (nesterov=False).
+
+    lean=True is the one-buffer approximate variant without clipping:
+    buf <- mu buf + ((1 - gamma)(1 - mu) / mu) G, O = NS(gamma G + mu buf), algebraically the
+    unclipped approximate MARS-M (it needs momentum > 0 and is_approx=True).
+
+    Accepts the reference's keywords: MARSM(lr=..., wd=..., muon_params=..., adamw_params=...,
+    momentum=0.95, ns_steps=5, adamw_betas=(0.9, 0.95), adamw_eps=1e-8, gamma=0.025, clip_c=...,
+    is_approx=True) as well as param groups (keys lr, weight_decay or wd, momentum, ns_steps,
+    adamw_betas, adamw_eps, gamma, clip_c, use_muon). gamma is read from the group every step.
+
+    Approximate mode keeps a copy of each matrix's last gradient ("last_grad"; 8 bytes/param in
+    float32 with "momentum_buffer"; 4 with lean). Exact mode (is_approx=False) follows the protocol
+    of `mars.optim.MARS`: before every step() compute the next batch's gradient at the current
+    weights, call `stash_previous_grads()`, zero the grads, compute the step's gradient, `step()`.
+    Non-finite gradients are not detected (no host sync): they propagate into the state and weights.
+    """
+
+    owner = "MARSM"
+    ns_form = "moonlight"
+    adamw_eps_form = "moonlight"
+
+    def __init__(
+        self,
+        params=None,
+        lr=1e-3,
+        wd=0.1,
+        muon_params=None,
+        momentum=0.95,
+        ns_steps=5,
+        adamw_params=None,
+        adamw_betas=(0.9, 0.95),
+        adamw_eps=1e-8,
+        gamma=0.025,
+        clip_c=None,
+        is_approx=True,
+        *,
+        lean=False,
+        fused=None,
+    ):
+        _checks.flag(self.owner, "is_approx", is_approx)
+        _checks.flag(self.owner, "lean", lean)
+        if clip_c is None:
+            clip_c = not lean
+        if lean and clip_c:
+            raise ValueError(
+                f"{self.owner}: invalid clip_c=True with lean=True: the lean variant is the "
+                "unclipped approximate MARS-M; drop clip_c or set lean=False"
+            )
+        if lean and not is_approx:
+            raise ValueError(
+                f"{self.owner}: invalid is_approx=False with lean=True: the lean variant is approximate only"
+            )
+        self.is_approx = is_approx
+        self.lean = lean
+        self._stashed = False
+        self.matrix_buffers = ("momentum_buffer",) if lean else ("momentum_buffer", "last_grad")
+        defaults = dict(
+            lr=lr,
+            weight_decay=wd,
+            momentum=momentum,
+            ns_steps=ns_steps,
+            adamw_betas=tuple(adamw_betas),
+            adamw_eps=adamw_eps,
+            gamma=gamma,
+            clip_c=clip_c,
+        )
+        super().__init__(params, muon_params, adamw_params, defaults, fused)
+
+    def _validate(self, group: dict) -> None:
+        super()._validate(group)
+        _checks.non_negative(self.owner, "gamma", group["gamma"])
+        _checks.flag(self.owner, "clip_c", group["clip_c"])
+        if self.lean and group["momentum"] == 0:
+            raise ValueError(
+                f"{self.owner}: invalid momentum=0 with lean=True: the lean update divides by it"
+            )
+        if self.lean and group["clip_c"]:
+            raise ValueError(f"{self.owner}: invalid clip_c=True in a param group with lean=True")
+
+    def _takes_previous_grad(self, p, group) -> bool:
+        return group["use_muon"] and p.ndim >= 2
+
+    def _momentum(self, group, grads, states, outs) -> None:
+        bufs = self._buffers_of(states, "momentum_buffer")
+        if self.lean:
+            impl = _kernels.select(self.fused, grads, bufs)
+            impl.lean_momentum_(grads, bufs, outs, momentum=group["momentum"], gamma=group["gamma"])
+            return
+        prevs = self._buffers_of(states, "last_grad")
+        impl = _kernels.select(self.fused, grads, bufs, prevs)
+        impl.mars_momentum_(
+            grads,
+            prevs,
+            bufs,
+            outs,
+            beta=group["momentum"],
+            gamma=group["gamma"],
+            clip=group["clip_c"],
+            out_scale=1.0,
+        )
+
+    def _scale(self, rows: int, cols: int) -> float:
+        return 0.2 * max(rows, cols) ** 0.5
+
+    def _before_step(self) -> None:
+        self._check_stashed()
+
+    def _after_step(self, matrices: list) -> None:
+        if not self.is_approx:
+            self._rotate_previous_grads(matrices)

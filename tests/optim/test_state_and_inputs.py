@@ -1,0 +1,211 @@
+"""Checkpointing, skipped tensors, bf16 parameters, and bad input, for every optimizer."""
+
+from __future__ import annotations
+
+import io
+
+import optim_reference as ref
+import pytest
+import torch
+from optim_helpers import (
+    TinyGPT,
+    displacement_err,
+    gradient_sequence,
+    make_params,
+    run_ours,
+    set_random_grads,
+)
+
+from mars.optim import MARS, MARSM, OPTIMIZER_NAMES, Lion, Moonlight, Muon, build_optimizer, set_lr_factor
+
+VARIANTS = [{"name": n} for n in OPTIMIZER_NAMES] + [
+    {"name": "mars_adamw", "approx": False},
+    {"name": "mars_m", "approx": False},
+    {"name": "mars_m", "lean": True},
+    {"name": "mars_adamw", "fused": False},
+]
+
+
+def variant_id(v):
+    return "-".join(str(x) for x in v.values())
+
+
+def drive(model, opt, steps, start):
+    for t in range(start, start + steps):
+        set_lr_factor(opt, 1.0 - 0.05 * t)
+        if getattr(opt, "needs_previous_grads", False):
+            set_random_grads(model, 1000 + t)
+            opt.stash_previous_grads()
+        set_random_grads(model, t)
+        opt.step()
+
+
+def roundtrip(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize("cfg", VARIANTS, ids=variant_id)
+def test_state_dict_roundtrip_continues_bit_identically(cfg):
+    torch.manual_seed(0)
+    model = TinyGPT(bias=True)
+    opt = build_optimizer(model, {**cfg, "lr": 1e-2})
+    drive(model, opt, 3, 0)
+    saved_model, saved_opt = roundtrip(model.state_dict()), roundtrip(opt.state_dict())
+    drive(model, opt, 3, 3)
+
+    resumed = TinyGPT(bias=True)
+    resumed.load_state_dict(saved_model)
+    resumed_opt = build_optimizer(resumed, {**cfg, "lr": 1e-2})
+    resumed_opt.load_state_dict(saved_opt)
+    drive(resumed, resumed_opt, 3, 3)
+    for (name, a), b in zip(model.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    for group_a, group_b in zip(opt.param_groups, resumed_opt.param_groups, strict=True):
+        assert {k: v for k, v in group_a.items() if k != "params"} == {
+            k: v for k, v in group_b.items() if k != "params"
+        }
+
+
+@pytest.mark.parametrize("cfg", VARIANTS, ids=variant_id)
+def test_tensors_without_grad_are_skipped(cfg):
+    torch.manual_seed(0)
+    model = TinyGPT(bias=True)
+    opt = build_optimizer(model, {**cfg, "lr": 1e-2})
+    drive(model, opt, 2, 0)
+    frozen = model.transformer.h[0].attn.c_attn.weight
+    bias = model.transformer.h[0].attn.c_attn.bias
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state_before = {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[frozen].items()}
+    if getattr(opt, "needs_previous_grads", False):
+        set_random_grads(model, 99)
+        opt.stash_previous_grads()
+    set_random_grads(model, 7)
+    frozen.grad, bias.grad = None, None
+    opt.step()
+    for n, p in model.named_parameters():
+        if p is frozen or p is bias:
+            assert torch.equal(p, before[n]), n
+        else:
+            assert not torch.equal(p, before[n]), n
+    for k, v in state_before.items():
+        if k not in ("last_grad", "previous_grad"):  # exact mode rotates the stash of every MARS tensor
+            assert (
+                torch.equal(opt.state[frozen][k], v) if torch.is_tensor(v) else opt.state[frozen][k] == v
+            ), k
+
+
+@pytest.mark.parametrize("cfg", VARIANTS[:8], ids=variant_id)
+def test_bf16_parameters_train(cfg):
+    torch.manual_seed(0)
+    model = TinyGPT(bias=True).to(torch.bfloat16)
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = build_optimizer(model, {**cfg, "lr": 1e-2})
+    drive(model, opt, 3, 0)
+    for p, s in zip(model.parameters(), start, strict=True):
+        assert p.dtype == torch.bfloat16 and torch.isfinite(p).all() and not torch.equal(p, s)
+    for state in opt.state.values():
+        assert all(v.dtype == torch.bfloat16 for v in state.values() if torch.is_tensor(v) and v.ndim > 0)
+
+
+@pytest.mark.parametrize("fused", [None, False], ids=["auto", "foreach"])
+def test_bf16_mars_adamw_follows_the_float32_reference(fused):
+    """bf16 storage rounds every stored update (ulp 2^-8 relative), so use a learning rate that moves
+    the parameters far compared with it and accept a few percent."""
+    lr = 0.1
+    shapes = [(6, 5), (40, 30), (5,)]
+    params0 = make_params(shapes, dtype=torch.bfloat16)
+    grads = gradient_sequence(shapes, scales=[1.0, 0.02, 0.3], dtype=torch.bfloat16)
+    ours, _ = run_ours(lambda ps: MARS(ps, lr=lr, lr_1d=lr, weight_decay=0.1, fused=fused), params0, grads)
+    params = [p.float() for p in params0]
+    states = [{} for _ in params]
+    for t, step_grads in enumerate(grads):
+        for i, (p, g) in enumerate(zip(params, step_grads, strict=True)):
+            g_prev = grads[t - 1][i].float() if t else torch.zeros_like(p)
+            if p.ndim == 2:
+                ref.mars(
+                    p,
+                    g.float(),
+                    g_prev,
+                    states[i],
+                    mars_type="mars-adamw",
+                    lr=lr,
+                    betas=(0.95, 0.99),
+                    eps=1e-8,
+                    wd=0.1,
+                    gamma=0.025,
+                    clip=True,
+                    matrix=True,
+                )
+            else:
+                ref.adamw(p, g.float(), states[i], lr=lr, betas=(0.9, 0.95), eps=1e-8, wd=0.1)
+    for a, e, s in zip(ours, params, params0, strict=True):
+        assert displacement_err(a, e, s) < 0.05
+
+
+@pytest.mark.parametrize("fused", [None, False], ids=["auto", "foreach"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps, f: MARS(ps, fused=f),
+        lambda ps, f: MARS(ps, mars_type="mars-lion", fused=f),
+        lambda ps, f: Lion(ps, fused=f),
+        lambda ps, f: MARSM(ps, fused=f),
+    ],
+    ids=["mars_adamw", "mars_lion", "lion", "mars_m"],
+)
+def test_non_finite_gradient_is_not_hidden(make, fused):
+    """The optimizer does not skip or zero a NaN gradient: the tensor's update becomes NaN (one
+    tensor small enough for the multi-tensor path, one large enough for the compiled kernels)."""
+    ws = [torch.nn.Parameter(torch.randn(5, 4)), torch.nn.Parameter(torch.randn(256, 160))]
+    opt = make(ws, fused)
+    for w in ws:
+        w.grad = torch.randn(w.shape)
+        w.grad[1, 2] = float("nan")
+    opt.step()
+    for w in ws:
+        assert torch.isnan(w).any()
+
+
+@pytest.mark.parametrize("make", [MARS, Lion, Muon, Moonlight, MARSM], ids=lambda c: c.__name__)
+def test_sparse_gradients_are_rejected(make):
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(RuntimeError, match="sparse gradients"):
+        make(emb.parameters()).step()
+
+
+P = [torch.nn.Parameter(torch.randn(3, 3))]
+BAD = [
+    (lambda: MARS(P, lr=-1.0), "lr=-1.0"),
+    (lambda: MARS(P, betas=(0.9, 1.0)), "betas"),
+    (lambda: MARS(P, betas=(-0.1, 0.9)), "betas"),
+    (lambda: MARS(P, eps=-1e-8), "eps=-1e-08"),
+    (lambda: MARS(P, gamma=-0.1), "gamma=-0.1"),
+    (lambda: MARS(P, mars_type="mars-sgd"), "mars_type='mars-sgd'"),
+    (lambda: MARS(P, lr_1d=-3e-3), "lr_1d=-0.003"),
+    (lambda: MARS(P, betas_1d=(0.9, 1.5)), "betas_1d"),
+    (lambda: MARS(P, weight_decay=-0.1), "weight_decay=-0.1"),
+    (lambda: MARS(P, two_dim_rule="ndim>=2"), "two_dim_rule"),
+    (lambda: MARS(P, is_approx="yes"), "is_approx"),
+    (lambda: MARS([{"params": P, "lr": -2.0}]), "lr=-2.0"),
+    (lambda: MARSM(P, ns_steps=0), "ns_steps=0"),
+    (lambda: MARSM(P, momentum=1.0), "momentum=1.0"),
+    (lambda: MARSM(P, gamma=-1.0), "gamma=-1.0"),
+    (lambda: MARSM(P, lean=True, clip_c=True), "clip_c=True"),
+    (lambda: MARSM(P, lean=True, is_approx=False), "is_approx=False"),
+    (lambda: Muon(P, lr=-0.02), "lr=-0.02"),
+    (lambda: Muon(P, ns_steps=0), "ns_steps=0"),
+    (lambda: Muon(P, adamw_lr=-1.0), "adamw_lr=-1.0"),
+    (lambda: Moonlight(P, adamw_betas=(0.9, 1.0)), "adamw_betas"),
+    (lambda: Lion(P, betas=(1.2, 0.9)), "betas"),
+    (lambda: MARS(P, fused="yes"), "fused='yes'"),
+]
+
+
+@pytest.mark.parametrize("make,message", BAD, ids=[m for _, m in BAD])
+def test_invalid_hyperparameters_raise_value_error_naming_them(make, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        make()

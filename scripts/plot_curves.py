@@ -323,6 +323,17 @@ def plot(
     return written
 
 
+def disambiguate(curves: list[Curve], dirs: list[Path]) -> None:
+    """Runs whose configs agree on everything a label shows would share one legend entry:
+    add the run dir's name to each such label."""
+    counts: dict[str, int] = {}
+    for c in curves:
+        counts[c.label] = counts.get(c.label, 0) + 1
+    for c, path in zip(curves, dirs, strict=True):
+        if counts[c.label] > 1:
+            c.label += f" [{path.resolve().name}]"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", type=Path, help="run dirs and/or W&B CSV exports")
@@ -366,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"error: {path} is neither a run dir nor a .csv file", file=sys.stderr)
             return 2
+    dirs = [path for path in args.inputs if path.is_dir()]
+    if len(dirs) == len(curves):
+        disambiguate(curves, dirs)
     if args.labels:
         if len(args.labels) != len(curves):
             print(f"error: {len(args.labels)} labels for {len(curves)} curves", file=sys.stderr)

@@ -140,3 +140,16 @@ def test_plot_curves_writes_png_and_pdf_with_paper_markers(tmp_path):
     assert out.stat().st_size > 50_000 and out.with_suffix(".pdf").stat().st_size > 10_000
     curve = plot.read_run(tmp_path / "a")
     assert curve.paper_key == ("MARS-exact", "small") and len(curve.val) == 21
+
+
+def test_identical_configs_get_their_run_dir_in_the_legend(tmp_path):
+    plot = load_script("plot_curves")
+    curves = [plot.Curve(label="MARS-AdamW (approx)"), plot.Curve(label="MARS-AdamW (approx)"),
+              plot.Curve(label="AdamW")]
+    dirs = [tmp_path / "run_a", tmp_path / "run_b", tmp_path / "run_c"]
+    plot.disambiguate(curves, dirs)
+    assert [c.label for c in curves] == [
+        "MARS-AdamW (approx) [run_a]",
+        "MARS-AdamW (approx) [run_b]",
+        "AdamW",
+    ]

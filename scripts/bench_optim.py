@@ -1,4 +1,4 @@
-"""Optimizer-step benchmark on GPT-2-shaped tensors (no model, no data: parameters built from shapes).
+"""Optimizer-step benchmark on GPT-2's parameters (the project's GPT; no forward pass, no data).
 
     python scripts/bench_optim.py                      # GPT-2 small shapes (124M parameters)
     python scripts/bench_optim.py --small --steps 10   # same shapes, 4 layers (~67M parameters)
@@ -26,41 +26,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mars.model import GPT, GPTConfig  # noqa: E402
 from mars.optim import Muon, build_optimizer  # noqa: E402
 from mars.optim.config import OptimizerConfig  # noqa: E402
-
-
-class _Norm(nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-
-
-class _Block(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.ln_1, self.ln_2 = _Norm(d), _Norm(d)
-        self.attn = nn.Module()
-        self.attn.c_attn = nn.Linear(d, 3 * d, bias=False)
-        self.attn.c_proj = nn.Linear(d, d, bias=False)
-        self.mlp = nn.Module()
-        self.mlp.c_fc = nn.Linear(d, 4 * d, bias=False)
-        self.mlp.c_proj = nn.Linear(4 * d, d, bias=False)
-
-
-class GPTShapes(nn.Module):
-    """nanoGPT's parameter names and shapes (no bias, tied head), without a forward pass."""
-
-    def __init__(self, n_layer=12, n_embd=768, vocab_size=50304, block_size=1024):
-        super().__init__()
-        self.transformer = nn.Module()
-        self.transformer.wte = nn.Embedding(vocab_size, n_embd)
-        self.transformer.wpe = nn.Embedding(block_size, n_embd)
-        self.transformer.h = nn.ModuleList(_Block(n_embd) for _ in range(n_layer))
-        self.transformer.ln_f = _Norm(n_embd)
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False, device="meta")
-        self.lm_head.weight = self.transformer.wte.weight
-
 
 # name -> (config overrides, description); configs are the reference GPT-2 small ones (configs/optimizer).
 ROWS = {
@@ -163,8 +131,8 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     n_layer = args.n_layer or (4 if args.small else 12)
     torch.manual_seed(0)
-    with torch.device(device):
-        model = GPTShapes(n_layer=n_layer)
+    with torch.device(device):  # the trainer's own model: its exact parameter names, shapes and tying
+        model = GPT(GPTConfig(n_layer=n_layer))
     n_params = sum(p.numel() for p in model.parameters())
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +16,12 @@ def data_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("data")
     ensure_prepared(DataConfig(root=str(root)))
     return root
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run several times faster on one thread (and the CPU is shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

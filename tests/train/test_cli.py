@@ -6,19 +6,12 @@ import logging
 import sys
 
 import pytest
-import torch
 from train_helpers import tiny_overrides
 
 from mars.train import cli
 from mars.train.distributed import DistInfo
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)

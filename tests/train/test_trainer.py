@@ -15,14 +15,7 @@ from mars.train.checkpoint import latest_checkpoint
 from mars.train.distributed import DistInfo
 from mars.train.trainer import Trainer, TrainingDivergedError
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run several times faster on one thread (and the CPU is shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_trainer(data_root, run_dir, extra=(), resume_from=None, **train) -> Trainer:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mars.checkpoint import CheckpointError
 from mars.model.hf import export_hf
-from mars.model.io import CheckpointError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,7 +52,7 @@ def _check(cfg) -> None:
 
 def run(cfg) -> list[CheckpointEval]:
     """Evaluate (or reload) every entry of ckpt + compare, print and save the table."""
-    from mars.model.io import find_checkpoint
+    from mars.checkpoint import find_checkpoint
 
     _check(cfg)
     spec = resolve_tasks(_plain(cfg.tasks), _plain(cfg.include))
@@ -115,10 +115,9 @@ def run(cfg) -> list[CheckpointEval]:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's to fix: shown as one line, no traceback."""
-    from mars.model import io
+    from mars.checkpoint import CheckpointError
 
-    names = ("CheckpointError", "CheckpointNotFoundError")
-    return (EvalError, *(getattr(io, n) for n in names if hasattr(io, n)))
+    return (EvalError, CheckpointError)
 
 
 register_configs()

@@ -245,10 +245,10 @@ def evaluate_checkpoint(
 ) -> CheckpointEval:
     """Load a checkpoint (run dir, RUN_DIR/ckpt or a step dir) and score it; see evaluate_model.
 
-    Raises mars.model.io's CheckpointNotFoundError / CheckpointError for a missing or bad
+    Raises mars.checkpoint's CheckpointNotFoundError / CheckpointError for a missing or bad
     checkpoint, UnknownTaskError and TasksUnavailableError for the tasks; all before any scoring.
     """
-    from mars.model.io import load_model
+    from mars.checkpoint import load_model
 
     spec = resolve_tasks(tasks, include)
     prepare_tasks(spec, num_fewshot)  # bad task names and missing data fail before the model loads

@@ -91,24 +91,27 @@ class GPT(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight
 
     @torch.no_grad()
-    def init_weights(self) -> None:
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, and the residual
-        projections (attn.c_proj, mlp.c_proj) at 0.02 / sqrt(2 * n_layer)."""
+        projections (attn.c_proj, mlp.c_proj) at 0.02 / sqrt(2 * n_layer).
+
+        With a `generator`, the weights are a function of its seed alone: every matrix is drawn whole,
+        in a fixed order, and a sharded (FSDP2 DTensor) parameter keeps its own slice, so the same seed
+        gives the same model whether it is replicated (DDP) or sharded over any number of ranks."""
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():
             if module is self.lm_head:
                 continue  # shares its weight with wte, drawn once below as an Embedding
             if isinstance(module, nn.Linear):
-                std = residual_std if name.endswith("c_proj") else 0.02
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                _normal_(module.weight, residual_std if name.endswith("c_proj") else 0.02, generator)
                 if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+                    module.bias.zero_()
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                _normal_(module.weight, 0.02, generator)
             elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
+                module.weight.fill_(1.0)
                 if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+                    module.bias.zero_()
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count, the tied wte/lm_head matrix counted once. ``non_embedding`` leaves out
@@ -138,3 +141,17 @@ class GPT(nn.Module):
                 logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
             )
         return logits, loss
+
+
+def _normal_(param: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
+    """param <- N(0, std), drawn for the whole tensor even when param is a shard of it."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        from mars.model.io import copy_full_
+
+        local = param.to_local()
+        full = torch.empty(param.shape, dtype=local.dtype, device=local.device)
+        copy_full_(param, full.normal_(0.0, std, generator=generator))
+    else:
+        param.normal_(0.0, std, generator=generator)

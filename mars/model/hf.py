@@ -30,7 +30,7 @@ import torch.nn as nn
 from mars.data.tokenizer import EOT_ID, VOCAB_SIZE
 from mars.model.config import GPTConfig
 from mars.model.gpt import GPT
-from mars.model.io import load_model, unwrap_model
+from mars.model.io import unwrap_model
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 WTE, WPE, LM_HEAD = "transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"
@@ -199,6 +199,8 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, force: bool =
         raise FileExistsError(
             f"{out} is not empty; choose another directory or pass --force to write over it"
         )
+    from mars.checkpoint import load_model
+
     model, _ = load_model(path)
     hf = to_hf(model).eval()
     if model.config.scale_attn_by_inverse_layer_idx and not scale_is_honoured("sdpa"):

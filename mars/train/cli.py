@@ -106,6 +106,8 @@ def precheck(argv: list[str]) -> None:
     try:
         combos = _sweep_combinations(args.overrides) if args.multirun else [args.overrides]
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="train"):
+            if env_rank() == 0:
+                _check_output_dir(compose, args, combos[0])
             for combo in combos[:MAX_PRECHECKED_JOBS]:
                 cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=combo)
                 try:
@@ -115,6 +117,16 @@ def precheck(argv: list[str]) -> None:
                     raise ConfigError(f"{e}{where}") from None
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(one_line(e)) from None
+
+
+def _check_output_dir(compose, args, overrides: list[str]) -> None:
+    """The directory Hydra is about to create (hydra.run.dir, or hydra.sweep.dir with -m) can be made."""
+    from mars.train.rundir import check_output_dir_writable
+
+    cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=overrides, return_hydra_config=True)
+    key = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
+    node = cfg.hydra.sweep if args.multirun else cfg.hydra.run
+    check_output_dir_writable(str(node._get_node("dir")._value()), key)
 
 
 def _rank_local_overrides() -> list[str]:
@@ -136,36 +148,13 @@ def _fail(msg: str, status: int, all_ranks: bool = True) -> None:
     sys.exit(status)
 
 
-def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """train.resume -> the checkpoint step dir to continue from, or None (start fresh)."""
-    from mars.train.checkpoint import CKPT_DIRNAME, latest_checkpoint, resolve_checkpoint
-
-    if resume in (None, "", "none", "null"):
-        return None
-    if resume == "auto":
-        found = latest_checkpoint(run_dir / CKPT_DIRNAME)
-        if found is None:
-            log.info(
-                f"train.resume=auto: no checkpoint in {run_dir / CKPT_DIRNAME}, starting from scratch "
-                "(to continue an earlier run, also pass hydra.run.dir=THAT_RUN_DIR)"
-            )
-        return found
-    found = resolve_checkpoint(Path(resume).expanduser())
-    if found is None:
-        raise ConfigError(
-            f"train.resume={resume}: no complete checkpoint there; give a run dir, its ckpt/ folder "
-            "or a ckpt/step_XXXXXXXX folder (or train.resume=auto)"
-        )
-    return found
-
-
 def run(cfg: DictConfig) -> str:
     """The Hydra task: checks on rank 0, then DDP, then the Trainer. Returns the Trainer's status."""
     from hydra.core.hydra_config import HydraConfig
 
     from mars.data import ensure_prepared
-    from mars.train.checkpoint import check_model_shape
     from mars.train.distributed import adopt_slurm_env, broadcast_object, cleanup, init_distributed
+    from mars.train.rundir import choose_start
     from mars.train.trainer import Trainer
 
     adopt_slurm_env()
@@ -176,10 +165,8 @@ def run(cfg: DictConfig) -> str:
     run_dir, resume_from = None, None
     if rank0:
         run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
-        resume_from = resolve_resume(cfg.train.resume, run_dir)
-        if resume_from is not None:
-            check_model_shape(resume_from, cfg.model)
         ensure_prepared(cfg.data)
+        resume_from = choose_start(cfg, run_dir, env_world_size())
     info = init_distributed(cfg.train.device, cfg.train.backend)
     try:
         run_dir, resume_from = broadcast_object((run_dir, resume_from))
@@ -200,12 +187,11 @@ def run(cfg: DictConfig) -> str:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from mars.checkpoint import CheckpointError
     from mars.data.errors import DataError
-    from mars.model.io import CheckpointError
-    from mars.train.checkpoint import CheckpointMismatchError
     from mars.train.trainer import TrainingDivergedError
 
-    return (ConfigError, DataError, CheckpointError, CheckpointMismatchError, TrainingDivergedError)
+    return (ConfigError, DataError, CheckpointError, TrainingDivergedError)
 
 
 def _task(cfg: DictConfig) -> None:

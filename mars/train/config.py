@@ -47,14 +47,21 @@ class TrainConfig:
     log_interval: int = 10
     ckpt_interval: int = 1000  # 0: only the final (and preemption) checkpoint
     keep_last: int = 2  # checkpoints kept in RUN_DIR/ckpt (older ones are deleted)
-    seed: int = 1337
+    seed: int = 1337  # model init and every other random choice (dropout, ...)
+    data_seed: int | None = None  # the order of the training batches (None: train.seed)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 autocast on CUDA, float32 on CPU) | float32 | bfloat16
     compile: bool | None = None  # None: on for CUDA, off for CPU
     grad_clip: float = 1.0  # global grad-norm clip (0: off; the norm is logged either way)
     grad_reduction: str = "mean"  # mean: loss / accumulation steps | sum: the reference (no division)
     resume: str | None = None  # auto (latest checkpoint of the run dir, else start fresh) | PATH
+    overwrite: bool = False  # a new run in a run dir that holds one: move the old run aside (else refuse)
     max_nonfinite_steps: int = 5  # stop after this many skipped (non-finite) steps in a row
+    # divergence alarms (mars/train/health.py): a checkpoint within health_window steps after an alarm
+    # is marked unhealthy, and rotation keeps the newest healthy one
+    spike_factor: float = 10.0  # grad norm above this x the recent median raises an alarm (0: off)
+    spike_loss: float = 1.0  # logged train loss this many nats above its best raises an alarm (0: off)
+    health_window: int = 20
     backend: str | None = None  # process-group backend (None: nccl on CUDA, gloo on CPU)
     progress: bool = True  # tqdm bar on rank 0
 
@@ -135,6 +142,9 @@ def validate(cfg: Any, world_size: int = 1) -> None:
     _at_least(cfg, "train.ckpt_interval", 0)
     _at_least(cfg, "train.keep_last", 1)
     _at_least(cfg, "train.max_nonfinite_steps", 1)
+    _at_least(cfg, "train.spike_factor", 0.0)
+    _at_least(cfg, "train.spike_loss", 0.0)
+    _at_least(cfg, "train.health_window", 1)
     _at_least(cfg, "train.grad_clip", 0.0)
     _at_least(cfg, "model.block_size", 1)
     _at_least(cfg, "schedule.warmup_steps", 0)
@@ -170,7 +180,35 @@ def validate(cfg: Any, world_size: int = 1) -> None:
     n_embd, n_head = int(_get(cfg, "model.n_embd")), int(_get(cfg, "model.n_head"))
     if n_head < 1 or n_embd % n_head != 0:
         raise ConfigError(f"model.n_embd={n_embd} must be a multiple of model.n_head={n_head}")
+    _check_model(cfg)
+    _check_device(str(_get(cfg, "train.device")))
     if _get(cfg, "downstream.interval") > 0 and not _get(cfg, "downstream.tasks"):
         raise ConfigError(
             "downstream.interval > 0 needs downstream.tasks (e.g. downstream.tasks=[hellaswag])"
+        )
+
+
+def _check_model(cfg: Any) -> None:
+    for key in ("model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size"):
+        _at_least(cfg, key, 1)
+    dropout = float(_get(cfg, "model.dropout"))
+    if not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"model.dropout={dropout} must lie in [0, 1)")
+
+
+def _check_device(device: str) -> None:
+    """train.device names a device this machine has (checked before a run dir or process group exists)."""
+    if device in ("auto", "cpu"):
+        return
+    if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError(f"train.device={device!r} is not one of auto, cpu, cuda, cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        reason = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError(f"train.device={device}: {reason}; use train.device=cpu (or auto)")
+    index = int(device[5:]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"train.device={device}: only {torch.cuda.device_count()} CUDA device(s) are visible"
         )

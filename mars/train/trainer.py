@@ -28,10 +28,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mars.train import checkpoint as ckpt
+import mars.checkpoint as ckpt
 from mars.train.config import Config, global_batch_size
 from mars.train.distributed import DistInfo, all_reduce_sum, barrier
+from mars.train.health import HealthMonitor
 from mars.train.metrics import Metrics, MetricsFile, Progress
+from mars.train.resume import load_optimizer_state
 from mars.train.schedule import LRSchedule
 
 log = logging.getLogger(__name__)
@@ -71,12 +73,23 @@ def _config_dict(cfg) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
+def build_model(model_cfg, device: torch.device, seed: int):
+    """The GPT of `model_cfg` on `device`, initialised from a generator seeded with `seed`."""
+    from mars.model import GPT
+
+    with torch.device("meta"):
+        model = GPT(model_cfg)
+    model.to_empty(device=device)
+    model.tie_weights()
+    model.init_weights(generator=torch.Generator(device=device).manual_seed(seed))
+    return model
+
+
 class Trainer:
     """Owns the model, optimizer, loaders, schedule and loop state of one training run."""
 
     def __init__(self, cfg, run_dir: str | Path, dist: DistInfo, resume_from: str | Path | None = None):
         from mars.data import BatchLoader, ValLoader, open_dataset
-        from mars.model import GPT
         from mars.optim import build_optimizer
 
         self.cfg = c = _to_config(cfg)
@@ -103,7 +116,7 @@ class Trainer:
             micro_batch_size=t.batch_size,
             rank=dist.rank,
             world_size=dist.world_size,
-            seed=t.seed,
+            seed=t.seed if t.data_seed is None else t.data_seed,
             sequential=c.data.sequential,
             device=str(self.device),
         )
@@ -121,15 +134,13 @@ class Trainer:
             )
         self.tokens_per_step = self.global_batch_size * c.model.block_size
 
-        # model and optimizer (same init on every rank; DDP also broadcasts rank 0's weights)
-        torch.manual_seed(t.seed)
-        with self.device:  # initialise in place (fast for large models on a GPU)
-            self.raw_model = GPT(c.model)
+        # model and optimizer: built on the meta device, then materialised and initialised from a
+        # generator seeded with train.seed (the same weights on every rank, and in any parallel layout)
+        torch.manual_seed(t.seed)  # dropout and anything else drawn from the global RNG
+        self.raw_model = build_model(c.model, self.device, t.seed)
         if resume_from is not None:
-            from mars.model.io import load_weights
-
             ckpt.check_model_shape(resume_from, c.model)
-            load_weights(self.raw_model, resume_from)
+            ckpt.load_model_state(self.raw_model, resume_from)
         self.optimizer = build_optimizer(self.raw_model, c.optimizer)
         self.exact = bool(getattr(self.optimizer, "needs_previous_grads", False))
         self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
@@ -145,6 +156,7 @@ class Trainer:
             self.model = DDP(self.eval_model, device_ids=ids)
 
         self.state = Counters()
+        self.health = HealthMonitor(t.health_window, t.spike_factor, t.spike_loss)
         wandb_run_id = None
         if resume_from is not None:
             wandb_run_id = self._restore(Path(resume_from))
@@ -167,11 +179,14 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def _restore(self, step_dir: Path) -> str | None:
+        """Optimizer, loader, RNG, loop counters and health history of a checkpoint. The optimizer's
+        hyperparameters stay those of this run's config (mars.train.resume)."""
         state = ckpt.load_train_state(step_dir)
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.loader.load_state_dict(state["loader"])
         ckpt.set_rng_state(state["rng"])
         self.state = Counters(**state["counters"])
+        self.health.load_state_dict(state.get("health", {}))
         meta = ckpt.read_meta(step_dir)
         log.info(f"resumed from {step_dir} at step {self.state.step}")
         return meta.get("wandb_run_id")
@@ -188,6 +203,7 @@ class Trainer:
                 "rng": ckpt.rng_state(),
                 "schedule": {"step": s.step, "lr_factor": self.schedule(s.step)},
                 "counters": asdict(s),
+                "health": self.health.state_dict(),
             }
             meta = {
                 "tokens": s.step * self.tokens_per_step,
@@ -208,6 +224,7 @@ class Trainer:
                 meta,
                 self.config_yaml,
                 self.cfg.train.keep_last,
+                healthy=self.health.healthy(s.step),
             )
             log.info(f"saved checkpoint {path}")
         barrier()
@@ -342,6 +359,9 @@ class Trainer:
             all_reduce_sum(stop)  # every rank stops at the same step
         norm_f, stop_f = torch.stack([norm.detach().float().reshape(()), stop]).tolist()  # the one sync
         stepped = math.isfinite(norm_f)
+        alarm = self.health.on_step(s.step + 1, norm_f)
+        if alarm and self.progress is not None:
+            self.progress.write(f"warning: {alarm}")
         if stepped:
             self.optimizer.step()
             s.nonfinite_streak = 0
@@ -351,7 +371,7 @@ class Trainer:
             s.nonfinite_total += 1
         self._zero_grads()
         s.step += 1
-        return StepResult(loss_sum, norm_f, stepped, stop_f > 0, float(self.cfg.optimizer.lr) * factor)
+        return StepResult(loss_sum, norm_f, stepped, stop_f > 0, float(self.optimizer.param_groups[0]["lr"]))
 
     def fit(self) -> str:
         """Train to train.max_steps. Returns "completed", or "preempted" after SIGTERM/SIGINT."""
@@ -375,12 +395,7 @@ class Trainer:
                     win.add(out.loss_sum, out.grad_norm)
                 self.progress.advance()
                 if s.nonfinite_streak >= t.max_nonfinite_steps:
-                    raise TrainingDivergedError(
-                        f"stopping at step {s.step}: {s.nonfinite_streak} steps in a row had a non-finite "
-                        f"loss or gradient norm (last grad norm {out.grad_norm}); they were skipped and "
-                        "no checkpoint holds them. Lower optimizer.lr or set train.grad_clip, then continue "
-                        "from the last checkpoint with train.resume"
-                    )
+                    raise TrainingDivergedError(self._divergence_advice(out.grad_norm))
                 last = s.step == t.max_steps
                 if s.step % t.log_interval == 0 or last:
                     self._log_train(win, out.lr)
@@ -423,6 +438,33 @@ class Trainer:
             return self.state.elapsed
         return self._elapsed_before + time.perf_counter() - self._fit_start
 
+    def _divergence_advice(self, grad_norm: float) -> str:
+        """The stop message: what happened, and the newest healthy checkpoint from before the trouble."""
+        s = self.state
+        began = self.health.episode_start if self.health.episode_start is not None else s.step
+        good = [
+            p
+            for p in ckpt.list_checkpoints(self.run_dir / ckpt.CKPT_DIR)
+            if ckpt.is_healthy(p) and ckpt.step_of(p) < began
+        ]
+        lr = float(self.cfg.optimizer.lr)
+        if good:
+            where = (
+                f"the newest healthy checkpoint from before it is {good[-1]}: continue from it with a lower "
+                f"learning rate, e.g. train.resume={good[-1]} optimizer.lr={lr / 2:g} (a resumed run uses "
+                "the new lr)"
+            )
+        else:
+            where = (
+                "no checkpoint precedes it: start again with a lower learning rate, e.g. "
+                f"optimizer.lr={lr / 2:g}"
+            )
+        return (
+            f"stopping at step {s.step}: {s.nonfinite_streak} steps in a row had a non-finite loss or "
+            f"gradient norm (last grad norm {grad_norm}); they were skipped and no checkpoint holds them. "
+            f"The trouble began at step {began}; {where}"
+        )
+
     def _log_train(self, win: _Window, lr: float) -> None:
         """One training line: loss averaged over the window's steps and the whole global batch."""
         s = self.state
@@ -449,6 +491,9 @@ class Trainer:
             record["mfu"] = mfu(tokens_per_s, fpt, self.device, num_devices=self.dist.world_size)
         self._log(record)
         self.progress.show(record)
+        alarm = self.health.on_loss(s.step, record["train/loss"])
+        if alarm:
+            self.progress.write(f"warning: {alarm}")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from mars.eval.harness import (
 )
 from mars.eval.tasks import LOCAL_TASKS_DIR
 from mars.model.hf import export_hf
-from mars.model.io import load_model
+from mars.checkpoint import load_model
 
 
 def test_in_memory_scores_equal_lm_eval_hf_backend_on_the_export(run_dir, tmp_path):

@@ -2,48 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-import sys
-
 import pytest
-from train_helpers import tiny_overrides
+from train_helpers import assert_one_line, run_cli, tiny_overrides
 
-from mars.train import cli
 from mars.train.distributed import DistInfo
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """Hydra configures the root logger (a handler on this test's captured stdout): undo it after."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    for h in root.handlers[:]:
-        if h not in handlers:
-            root.removeHandler(h)
-            h.close()
-    root.setLevel(level)
-
-
-def run_cli(monkeypatch, capsys, args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["train.py", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line(err: str, *fragments: str) -> None:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
-    for f in fragments:
-        assert f in lines[0], lines[0]
+pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")
 
 
 @pytest.mark.parametrize(
@@ -83,7 +47,7 @@ def test_checkpoint_of_another_model_shape(monkeypatch, capsys, tmp_path, data_r
     args = [*tiny_overrides(data_root), "model.n_embd=64", "train.resume=auto", f"hydra.run.dir={run}"]
     code, _, err = run_cli(monkeypatch, capsys, args)
     assert code == 1
-    assert_one_line(err, "holds a different model", "n_embd=32 (config: 64)")
+    assert_one_line(err, "cannot resume", "model.n_embd: 32 -> 64", "fixed for a run")
 
 
 def test_resume_from_a_path_without_checkpoint(monkeypatch, capsys, tmp_path, data_root):

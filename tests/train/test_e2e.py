@@ -14,7 +14,7 @@ import pytest
 import torch
 from train_helpers import PYTHON, REPO, compose, subprocess_env, tiny_overrides
 
-from mars.train.checkpoint import latest_checkpoint, load_train_state
+from mars.checkpoint import latest_checkpoint, load_train_state
 from mars.train.distributed import DistInfo
 from mars.train.trainer import Trainer
 
@@ -84,7 +84,7 @@ def test_two_process_ddp_equals_one_process(data_root, tmp_path, mode):
 
 KILL_AFTER_CHECKPOINT = """
 import os, signal, sys
-import mars.train.checkpoint as checkpoint
+import mars.checkpoint.save as checkpoint
 
 save = checkpoint.save_checkpoint
 
@@ -148,7 +148,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(data_root, tmp_path):
     step_dir = latest_checkpoint(run_dir / "ckpt")
     step = json.loads((step_dir / "meta.json").read_text())["step"]
     assert step >= 2 and max(losses(run_dir)) <= step
-    from mars.model.io import load_model
+    from mars.checkpoint import load_model
 
     model, info = load_model(run_dir)
     assert info["step"] == step and model.config.n_embd == 32

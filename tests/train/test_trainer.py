@@ -11,7 +11,7 @@ import torch
 from torch.func import functional_call
 from train_helpers import compose, tiny_overrides
 
-from mars.train.checkpoint import latest_checkpoint
+from mars.checkpoint import latest_checkpoint
 from mars.train.distributed import DistInfo
 from mars.train.trainer import Trainer, TrainingDivergedError
 
@@ -126,8 +126,10 @@ def test_exact_mars_matches_a_hand_computed_three_step_trajectory(data_root, tmp
     exact = hand_mars_adamw(reference, batches, 3, exact=True)
     approx = hand_mars_adamw(reference, batches, 3, exact=False)
     gap = 0.0
+    # atol: embedding rows of tokens that barely occur get gradients ~1e-8, where sqrt(v) is of the
+    # order of eps and the Adam ratio amplifies float32 rounding (a few elements in 1.6M differ by ~1e-5)
     for n, p in tr.raw_model.named_parameters():
-        torch.testing.assert_close(p.detach(), exact[n], rtol=1e-4, atol=2e-6, msg=lambda m, n=n: f"{n}: {m}")
+        torch.testing.assert_close(p.detach(), exact[n], rtol=1e-4, atol=2e-5, msg=lambda m, n=n: f"{n}: {m}")
         gap = max(gap, float((exact[n] - approx[n]).abs().max()))
     assert gap > 1e-4  # the test tells exact from approximate g_prev
 

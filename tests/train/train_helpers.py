@@ -57,3 +57,25 @@ def subprocess_env() -> dict:
 
 
 PYTHON = sys.executable
+
+
+def run_cli(monkeypatch, capsys, args) -> tuple[int, str, str]:
+    """`python train.py ARGS` in this process: (exit status, stdout, stderr)."""
+    from mars.train import cli
+
+    monkeypatch.setattr(sys, "argv", ["train.py", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line(err: str, *fragments: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    for f in fragments:
+        assert f in lines[0], lines[0]

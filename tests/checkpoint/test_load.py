@@ -4,14 +4,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mars.model.io import (
+from mars.checkpoint import (
     CheckpointError,
     CheckpointNotFoundError,
     find_checkpoint,
     latest_checkpoint,
     load_model,
-    save_model,
 )
+from mars.model.io import save_model
 
 
 def make_step(root, step, model, meta=True, config_yaml=None):

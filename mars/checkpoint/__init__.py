@@ -1,0 +1,70 @@
+"""mars.checkpoint: the one owner of the checkpoint layout (what a step directory holds, where it lives).
+
+layout.py   names and discovery: RUN_DIR/ckpt/step_XXXXXXXX, meta.json, finding the latest / a given one
+files.py    durable writes (fsync) and the full-disk error
+save.py     the atomic save protocol (full and sharded formats) and rotation that keeps the last healthy one
+load.py     verifying a checkpoint before a run relies on it; loading its model in either format
+sharded.py  torch.distributed.checkpoint (DCP) files for FSDP2, read without unpickling code
+state.py    train_state.pt (weights_only-safe) and RNG capture
+
+Submodules load on first attribute access (mars.model.io imports the layout names without torch's
+distributed checkpoint machinery).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from mars.checkpoint.layout import (
+    CKPT_DIR,
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    checkpoint_format,
+    find_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    move_aside,
+    read_meta,
+    resolve_checkpoint,
+    step_dirname,
+    step_of,
+)
+
+_LAZY = {
+    "DiskFullError": "mars.checkpoint.files",
+    "save_checkpoint": "mars.checkpoint.save",
+    "rotate": "mars.checkpoint.save",
+    "is_healthy": "mars.checkpoint.save",
+    "verify_checkpoint": "mars.checkpoint.load",
+    "check_model_shape": "mars.checkpoint.load",
+    "load_model": "mars.checkpoint.load",
+    "load_model_state": "mars.checkpoint.load",
+    "read_run_config": "mars.checkpoint.load",
+    "load_train_state": "mars.checkpoint.state",
+    "rng_state": "mars.checkpoint.state",
+    "set_rng_state": "mars.checkpoint.state",
+}
+
+__all__ = [
+    "CKPT_DIR",
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
+    "checkpoint_format",
+    "find_checkpoint",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "move_aside",
+    "read_meta",
+    "resolve_checkpoint",
+    "step_dirname",
+    "step_of",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mars.checkpoint' has no attribute {name!r}")

@@ -1,0 +1,145 @@
+"""Reading checkpoints: check one before a run relies on it, load its model in either format."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from mars.checkpoint import sharded as sharded_io
+from mars.checkpoint.layout import (
+    META,
+    MODEL_CONFIG,
+    MODEL_WEIGHTS,
+    RUN_CONFIG,
+    SHARDED_DIR,
+    CheckpointError,
+    CheckpointMismatchError,
+    checkpoint_format,
+    find_checkpoint,
+    read_json_object,
+    read_meta,
+)
+from mars.checkpoint.state import load_train_state
+
+# GPTConfig fields that fix the parameter shapes: a checkpoint only loads into the same values
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
+MODEL_PREFIX = "model."
+
+
+def read_run_config(step_dir: str | os.PathLike) -> dict:
+    """The run's resolved config saved with the checkpoint (config.yaml) as a dict."""
+    file = Path(step_dir) / RUN_CONFIG
+    if not file.is_file():
+        raise CheckpointError(f"{file} is missing: the checkpoint does not record its run's config")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise CheckpointError(f"{file} is not valid YAML ({e})") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} should hold a mapping, found {type(data).__name__}")
+    return data
+
+
+def check_model_shape(step_dir: str | os.PathLike, model_cfg: Any) -> None:
+    """CheckpointMismatchError when the checkpoint's model.json disagrees with the config's shape."""
+    path = Path(step_dir) / MODEL_CONFIG
+    saved = read_json_object(path)
+    saved = saved.get("config", saved)  # tolerate a {"config": {...}} wrapper
+    diffs = [
+        f"{k}={saved[k]} (config: {getattr(model_cfg, k)})"
+        for k in SHAPE_KEYS
+        if k in saved and saved[k] != getattr(model_cfg, k)
+    ]
+    if diffs:
+        raise CheckpointMismatchError(
+            f"checkpoint {step_dir} holds a different model: {', '.join(diffs)}; resume it with the same "
+            "model settings, or start a new run dir"
+        )
+
+
+def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
+    """Read everything a resume relies on and return meta.json; CheckpointError naming the bad file.
+
+    Checks: meta.json, model.json and config.yaml parse; the weights are readable and finite (format
+    full) or every shard file the index lists is present and long enough (format sharded);
+    train_state.pt loads with weights_only=True.
+    """
+    from mars.model.io import read_model_config, read_weights
+
+    step_dir = Path(step_dir)
+    meta = read_meta(step_dir)
+    read_model_config(step_dir / MODEL_CONFIG)
+    read_run_config(step_dir)
+    if meta.get("format", "full") == "sharded":
+        sharded_io.check_files(step_dir / SHARDED_DIR)
+    else:
+        read_weights(step_dir / MODEL_WEIGHTS)
+    load_train_state(step_dir)
+    return meta
+
+
+def model_templates(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors keyed as in a sharded checkpoint ("model.FQN"; the tied head stored once)."""
+    from mars.model.io import TIED_KEY, unwrap_model
+
+    return {f"{MODEL_PREFIX}{k}": v for k, v in unwrap_model(model).state_dict().items() if k != TIED_KEY}
+
+
+@torch.no_grad()
+def load_model_state(model: torch.nn.Module, step_dir: str | os.PathLike) -> None:
+    """Load a checkpoint's weights into `model` (plain or FSDP2-sharded), from either format.
+    Collective when the checkpoint is sharded and torch.distributed is initialised."""
+    from mars.model.io import TIED_KEY, load_weights, unwrap_model
+
+    step_dir = Path(step_dir)
+    if checkpoint_format(step_dir) == "full":
+        load_weights(model, step_dir)
+        return
+    templates = model_templates(model)
+    sharded_io.load_tensors(templates, step_dir / SHARDED_DIR)
+    state = {k[len(MODEL_PREFIX) :]: v for k, v in templates.items()}
+    gpt = unwrap_model(model)
+    state[TIED_KEY] = state["transformer.wte.weight"]
+    bad = [k for k, v in state.items() if not _finite(v)]
+    if bad:
+        raise CheckpointError(
+            f"{step_dir / SHARDED_DIR}: tensor(s) {', '.join(sorted(bad)[:3])} hold NaN or inf values; "
+            "resume from an earlier checkpoint"
+        )
+    gpt.load_state_dict(state, strict=True)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t.full_tensor() if hasattr(t, "full_tensor") else t).all())
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
+    """Load the GPT a run dir / ckpt dir / step dir / model dir names (see find_checkpoint), in eval
+    mode on `device`, from either format (a sharded checkpoint is gathered into this one process).
+
+    Returns (model, info): info holds meta.json (when present), "config": the run's config.yaml as a
+    dict (when present), and "path": the checkpoint directory that was loaded.
+    """
+    from mars.model.gpt import GPT
+    from mars.model.io import read_model_config
+
+    ckpt = find_checkpoint(path)
+    config = read_model_config(ckpt / MODEL_CONFIG)
+    with torch.device("meta"):
+        model = GPT(config)
+    model.to_empty(device=device)
+    model.tie_weights()
+    load_model_state(model, ckpt)
+    model.eval()
+
+    info: dict = {}
+    if (ckpt / META).is_file():
+        info.update(read_meta(ckpt))
+    if (ckpt / RUN_CONFIG).is_file():
+        info["config"] = read_run_config(ckpt)
+    info["path"] = str(ckpt)
+    return model, info

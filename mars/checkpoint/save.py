@@ -1,0 +1,189 @@
+"""Writing checkpoints atomically and durably, and rotating old ones without losing the last healthy one.
+
+Protocol of one save (STEP_DIR = RUN_DIR/ckpt/step_XXXXXXXX):
+  1. write everything into ckpt/.tmp-step_XXXXXXXX (format "sharded": every rank writes its DCP shards);
+  2. fsync every file, then write meta.json (fsync'ed): from now on the directory is complete;
+  3. rename it to its final name and fsync ckpt/, so the rename survives a crash;
+  4. rotate: keep the newest `keep_last` complete checkpoints and the newest healthy one.
+A kill at any point leaves the previous checkpoint as the latest complete one. A full disk removes the
+partial copy and raises DiskFullError (one line). Non-finite weights are never written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from mars.checkpoint import sharded as sharded_io
+from mars.checkpoint.files import disk_full_as_error, fsync_dir, fsync_tree, write_text_synced
+from mars.checkpoint.layout import (
+    CKPT_DIR,
+    META,
+    RUN_CONFIG,
+    SHARDED_DIR,
+    TMP_PREFIX,
+    TRAIN_STATE,
+    CheckpointError,
+    list_checkpoints,
+    read_meta,
+    step_dirname,
+)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _distributed() else 0
+
+
+def _all_ranks_ok(error: BaseException | None, collective: bool) -> None:
+    """Raise on every rank when any rank failed (collective saves), with the first rank's message."""
+    if not collective or not _distributed():
+        if error is not None:
+            raise error
+        return
+    box = [None if error is None else f"{type(error).__name__}: {error}"]
+    messages = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, box[0])
+    first = next((m for m in messages if m), None)
+    if error is not None:
+        raise error
+    if first is not None:
+        raise CheckpointError(f"checkpoint save failed on another rank: {first}")
+
+
+def weights_finite(model: torch.nn.Module) -> bool:
+    """All parameters finite; on sharded (DTensor) parameters, over every rank's shards."""
+    ok = torch.tensor(1.0)
+    collective = False
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        collective |= local is not p
+        if not bool(torch.isfinite(local).all()):
+            ok.zero_()
+            break
+    if collective and _distributed():
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok)
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    model: torch.nn.Module,
+    train_state: dict,
+    meta: dict,
+    config_yaml: str,
+    keep_last: int,
+    *,
+    sharded: dict[str, torch.Tensor] | None = None,
+    healthy: bool = True,
+) -> Path | None:
+    """Write RUN_DIR/ckpt/step_XXXXXXXX and rotate. Returns its path on rank 0 (None elsewhere).
+
+    Format "full" (sharded=None): called on rank 0 only; `model` is the bare GPT (no DDP / compile
+    wrapper), written as model.safetensors. Format "sharded": called on every rank with `sharded`, the
+    tensors to write through DCP (the model's and the optimizer's DTensors); `model` only supplies
+    model.json. train_state (plain data) and meta are rank 0's.
+    """
+    from mars.model.io import save_model, save_model_config
+
+    collective = sharded is not None
+    if not weights_finite(model):
+        raise FloatingPointError(f"refusing to checkpoint non-finite weights at step {step}")
+    root = Path(run_dir) / CKPT_DIR
+    final = root / step_dirname(step)
+    tmp = root / f"{TMP_PREFIX}{final.name}"
+    main = _rank() == 0
+
+    def remove_tmp() -> None:
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    error = None
+    if main:
+        try:
+            with disk_full_as_error(tmp, cleanup=remove_tmp):
+                root.mkdir(parents=True, exist_ok=True)
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir()
+        except Exception as e:  # noqa: BLE001 - reported on every rank below
+            error = e
+    _all_ranks_ok(error, collective)
+
+    if collective:
+        try:
+            with disk_full_as_error(tmp / SHARDED_DIR, cleanup=remove_tmp):
+                sharded_io.save_tensors(sharded, tmp / SHARDED_DIR)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        _all_ranks_ok(error, collective)
+
+    if main:
+        try:
+            with disk_full_as_error(tmp, cleanup=remove_tmp):
+                if collective:
+                    save_model_config(model, tmp)
+                else:
+                    save_model(model, tmp)
+                torch.save(train_state, tmp / TRAIN_STATE)
+                (tmp / RUN_CONFIG).write_text(config_yaml, encoding="utf-8")
+                fsync_tree(tmp)
+                full_meta = {**meta, "step": step, "format": "sharded" if collective else "full"}
+                full_meta["healthy"] = bool(healthy)
+                write_text_synced(tmp / META, json.dumps(full_meta, indent=2) + "\n")  # marks it complete
+                fsync_dir(tmp)
+                _install(tmp, final, root)
+        except Exception as e:  # noqa: BLE001
+            error = e
+    _all_ranks_ok(error, collective)
+    if main:
+        rotate(root, keep_last)
+        return final
+    return None
+
+
+def _install(tmp: Path, final: Path, root: Path) -> None:
+    """Rename tmp to final (swapping out an existing copy of the same step), fsync the parent."""
+    if final.exists():  # re-saving a step (e.g. after a resume): swap out the old copy
+        old = root / f"{TMP_PREFIX}old-{final.name}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    fsync_dir(root)
+
+
+def is_healthy(step_dir: Path) -> bool:
+    """meta.json's "healthy" flag (checkpoints written before the flag existed count as healthy)."""
+    try:
+        return bool(read_meta(step_dir).get("healthy", True))
+    except CheckpointError:
+        return False
+
+
+def rotate(ckpt_root: str | os.PathLike, keep_last: int) -> None:
+    """Delete complete checkpoints beyond the newest `keep_last`, except the newest healthy one, and
+    leftovers of interrupted saves."""
+    root = Path(ckpt_root)
+    found = list_checkpoints(root)
+    keep = set(found[-keep_last:]) if keep_last > 0 else set(found)
+    healthy = [p for p in found if is_healthy(p)]
+    if healthy:
+        keep.add(healthy[-1])
+    for old in found:
+        if old not in keep:
+            shutil.rmtree(old, ignore_errors=True)
+    for leftover in root.glob(f"{TMP_PREFIX}*"):
+        shutil.rmtree(leftover, ignore_errors=True)

@@ -1,0 +1,194 @@
+"""A run never silently trains something other than its config says, never loses a good checkpoint,
+and every bad input gets one clear line (README, "Reliability")."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import assert_one_line, compose, run_cli, tiny_overrides
+
+import mars.checkpoint as ckpt
+from mars.train.distributed import DistInfo
+from mars.train.trainer import Trainer, TrainingDivergedError
+
+pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")
+
+
+def trainer(data_root, run_dir, extra=(), resume_from=None, **train) -> Trainer:
+    return Trainer(compose([*tiny_overrides(data_root, **train), *extra]), run_dir, DistInfo(), resume_from)
+
+
+def records(run_dir: Path, key: str) -> dict[int, float]:
+    lines = [json.loads(s) for s in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r[key] for r in lines if key in r}
+
+
+# ----------------------------------------------------------------------------- the run dir
+
+
+def test_a_new_run_refuses_a_run_dir_that_holds_a_run(monkeypatch, capsys, tmp_path, data_root):
+    run = tmp_path / "run"
+    args = [*tiny_overrides(data_root, max_steps=2), f"hydra.run.dir={run}"]
+    assert run_cli(monkeypatch, capsys, args)[0] == 0
+    first = (run / "metrics.jsonl").read_text()
+
+    code, _, err = run_cli(monkeypatch, capsys, args)
+    assert code == 1
+    assert_one_line(err, f"run dir {run} already holds a run", "train.resume=auto", "hydra.run.dir")
+    assert (run / "metrics.jsonl").read_text() == first  # untouched
+
+    code, _, err = run_cli(monkeypatch, capsys, [*args, "train.overwrite=true"])
+    assert code == 0, err
+    moved = [p for p in run.iterdir() if p.name.startswith("replaced-")]
+    assert len(moved) == 1
+    assert (moved[0] / "metrics.jsonl").read_text() == first  # the old run is kept, apart
+    assert (moved[0] / "ckpt" / "step_00000002" / "meta.json").is_file()
+    assert sorted(records(run, "train/loss")) == [1, 2]  # the new metrics are not mixed with the old
+
+
+def test_resume_refuses_a_config_that_changes_the_run(monkeypatch, capsys, tmp_path, data_root):
+    run = tmp_path / "run"
+    trainer(data_root, run, max_steps=2).fit()
+    for change, fragment in [
+        (["optimizer=adamw"], "optimizer.name: 'mars_adamw' -> 'adamw'"),
+        (["train.global_batch_size=8"], "train.global_batch_size: 4 -> 8"),
+        (["train.data_seed=7"], "train.data_seed: 1337 -> 7"),
+    ]:
+        args = [*tiny_overrides(data_root, max_steps=3), *change, "train.resume=auto", f"hydra.run.dir={run}"]
+        code, _, err = run_cli(monkeypatch, capsys, args)
+        assert code == 1
+        assert_one_line(err, "cannot resume", fragment)
+
+
+def test_resume_applies_the_new_hyperparameters_and_logs_what_the_optimizer_used(data_root, tmp_path):
+    old = ["schedule=constant", "schedule.warmup_steps=0", "optimizer.lr=1e-3", "optimizer.betas=[0.9,0.99]"]
+    tr = trainer(data_root, tmp_path, old, max_steps=2)
+    tr.fit()
+    step_dir = ckpt.latest_checkpoint(tmp_path / "ckpt")
+    new = ["schedule=constant", "schedule.warmup_steps=0", "optimizer.lr=4e-4", "optimizer.betas=[0.8,0.9]"]
+    resumed = trainer(data_root, tmp_path, new, resume_from=step_dir, max_steps=4)
+    resumed.fit()
+    group = resumed.optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(4e-4) and group["betas"] == (0.8, 0.9)
+    assert group["lr_1d"] == pytest.approx(3e-3 * 4e-4 / 4e-4)  # lr_1d keeps the new config's value
+    assert records(tmp_path, "lr") == {1: 1e-3, 2: 1e-3, 3: pytest.approx(4e-4), 4: pytest.approx(4e-4)}
+
+
+# ----------------------------------------------------------------------------- corrupt checkpoints
+
+
+def test_resume_auto_falls_back_past_a_corrupt_checkpoint_and_says_so(
+    monkeypatch, capsys, tmp_path, data_root
+):
+    run = tmp_path / "run"
+    trainer(data_root, run, max_steps=4, ckpt_interval=2, keep_last=3).fit()
+    bad = run / "ckpt" / "step_00000004"
+    state = bad / "train_state.pt"
+    state.write_bytes(state.read_bytes()[:200])  # truncated
+
+    explicit = [*tiny_overrides(data_root, max_steps=5), f"train.resume={bad}", f"hydra.run.dir={run}"]
+    code, _, err = run_cli(monkeypatch, capsys, explicit)
+    assert code == 1
+    assert_one_line(err, f"{state} is not a valid training-state file")
+
+    args = [*tiny_overrides(data_root, max_steps=5), "train.resume=auto", f"hydra.run.dir={run}"]
+    code, out, err = run_cli(monkeypatch, capsys, args)
+    assert code == 0, err
+    assert f"skipping {bad}" in out and "continuing from" in out and "step_00000002" in out
+    assert [p.name for p in ckpt.list_checkpoints(run / "ckpt")][-1] == "step_00000005"
+    assert sorted(records(run, "train/loss")) == [1, 2, 3, 4, 5]  # steps 3-4 redone, logged once
+    moved = next(p for p in run.iterdir() if p.name.startswith("replaced-"))
+    assert (moved / "ckpt" / "step_00000004" / "meta.json").is_file()  # kept, out of the way
+
+
+def test_full_disk_stops_with_one_line_and_keeps_the_previous_checkpoint(
+    monkeypatch, capsys, tmp_path, data_root
+):
+    import mars.checkpoint.save as save_module
+
+    run = tmp_path / "run"
+    real_save = save_module.torch.save
+
+    def save_once_then_full(obj, path, *a, **k):
+        if "step_00000004" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, path, *a, **k)
+
+    monkeypatch.setattr(save_module.torch, "save", save_once_then_full)
+    args = [*tiny_overrides(data_root, max_steps=4, ckpt_interval=2), f"hydra.run.dir={run}"]
+    code, _, err = run_cli(monkeypatch, capsys, args)
+    assert code == 1
+    assert_one_line(err, "no space left on the device", "previous checkpoint is intact")
+    assert [p.name for p in (run / "ckpt").iterdir()] == ["step_00000002"]
+
+
+# ----------------------------------------------------------------------------- divergence
+
+
+def spike_then_nan(tr: Trainer, spike: int, nan_from: int) -> None:
+    """Scale the loss by 1e4 at optimizer step `spike` (a gradient-norm spike), NaN from `nan_from` on."""
+    forward = tr.raw_model.forward
+
+    def poisoned(x, y=None):
+        logits, loss = forward(x, y)
+        if loss is not None and torch.is_grad_enabled():
+            if tr.state.step == spike:
+                loss = loss * 1e4
+            elif tr.state.step >= nan_from:
+                loss = loss * float("nan")
+        return logits, loss
+
+    tr.raw_model.forward = poisoned
+
+
+def test_divergence_keeps_and_names_the_last_healthy_checkpoint(data_root, tmp_path):
+    tr = trainer(
+        data_root,
+        tmp_path,
+        max_steps=30,
+        ckpt_interval=1,
+        keep_last=2,
+        max_nonfinite_steps=3,
+        health_window=3,
+    )
+    spike_then_nan(tr, spike=12, nan_from=13)  # step 13 spikes, steps 14-16 are NaN
+    with pytest.raises(TrainingDivergedError) as e:
+        tr.fit()
+    healthy = tmp_path / "ckpt" / "step_00000012"
+    message = str(e.value)
+    assert "The trouble began at step 13" in message
+    assert f"train.resume={healthy} optimizer.lr=" in message
+    kept = [p.name for p in ckpt.list_checkpoints(tmp_path / "ckpt")]
+    assert kept == ["step_00000012", "step_00000014", "step_00000015"]  # rotation kept the healthy one
+    assert ckpt.is_healthy(healthy) and not ckpt.is_healthy(tmp_path / "ckpt" / "step_00000015")
+
+
+# ----------------------------------------------------------------------------- bad input before any work
+
+
+def test_cuda_device_without_cuda_is_one_line_before_the_run_dir(monkeypatch, capsys, tmp_path, data_root):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    run = tmp_path / "run"
+    code, _, err = run_cli(
+        monkeypatch, capsys, [*tiny_overrides(data_root), "train.device=cuda", f"hydra.run.dir={run}"]
+    )
+    assert code == 2
+    assert_one_line(err, "train.device=cuda", "use train.device=cpu")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_a_run_dir_that_cannot_be_created_is_one_line(monkeypatch, capsys, tmp_path, data_root, where):
+    if where == "file":
+        (tmp_path / "notes.txt").write_text("x")
+        run, fragment = tmp_path / "notes.txt" / "run", "is a file, not a directory"
+    else:
+        run, fragment = Path("/proc/mars-run"), "cannot create directories in /proc"
+    code, _, err = run_cli(monkeypatch, capsys, [*tiny_overrides(data_root), f"hydra.run.dir={run}"])
+    assert code == 2
+    assert_one_line(err, "hydra.run.dir=", fragment)

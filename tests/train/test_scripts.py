@@ -144,8 +144,11 @@ def test_plot_curves_writes_png_and_pdf_with_paper_markers(tmp_path):
 
 def test_identical_configs_get_their_run_dir_in_the_legend(tmp_path):
     plot = load_script("plot_curves")
-    curves = [plot.Curve(label="MARS-AdamW (approx)"), plot.Curve(label="MARS-AdamW (approx)"),
-              plot.Curve(label="AdamW")]
+    curves = [
+        plot.Curve(label="MARS-AdamW (approx)"),
+        plot.Curve(label="MARS-AdamW (approx)"),
+        plot.Curve(label="AdamW"),
+    ]
     dirs = [tmp_path / "run_a", tmp_path / "run_b", tmp_path / "run_c"]
     plot.disambiguate(curves, dirs)
     assert [c.label for c in curves] == [

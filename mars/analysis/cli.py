@@ -1,0 +1,174 @@
+"""The command lines of scripts/report.py, scripts/plot_curves.py and scripts/summarize_sweep.py.
+
+Each main(argv) returns an exit status: 0, or 2 after printing one line ``error: ...`` on stderr
+for input it cannot use (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from mars.analysis.errors import AnalysisError
+
+
+def _fail(e: Exception) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def report_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
+    from mars.analysis.report import build_report, header_lines, markdown_table, write_report
+
+    p = argparse.ArgumentParser(
+        prog="report.py",
+        description=description or "Compare the settings of one or more sweeps, seeds pooled, to a baseline.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("sweep_dirs", nargs="+", type=Path, help="sweep dirs (multirun/DATE/TIME) or run dirs")
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the group to compare against, by a config key or override (repeat to narrow it down); "
+        "default: the first group in sorted order",
+    )
+    p.add_argument(
+        "--target", type=float, help="target val loss (default: the baseline's mean final val loss)"
+    )
+    p.add_argument("--out", type=Path, help="where report.md/.json and the plots go (default: the first dir)")
+    args = p.parse_args(argv)
+    try:
+        report = build_report(args.sweep_dirs, args.baseline, args.target)
+        written = write_report(report, args.out or args.sweep_dirs[0])
+    except AnalysisError as e:
+        return _fail(e)
+    print("\n".join(header_lines(report)))
+    print()
+    print(markdown_table(report))
+    for w in report.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print("\nwrote " + ", ".join(str(w) for w in written))
+    return 0
+
+
+def summarize_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
+    from mars.analysis.summary import format_table, summarize, write_csv, write_heatmap
+
+    p = argparse.ArgumentParser(prog="summarize_sweep.py", description=description)
+    p.add_argument("multirun_dir", type=Path, help="a Hydra sweep dir (multirun/DATE/TIME)")
+    p.add_argument("--csv", type=Path, help="CSV path (default MULTIRUN_DIR/summary.csv)")
+    p.add_argument(
+        "--heatmap", type=Path, help="heatmap path for 2-D sweeps (default MULTIRUN_DIR/summary_heatmap.png)"
+    )
+    p.add_argument("--metric", default="best_val_loss", choices=["best_val_loss", "final_val_loss"])
+    args = p.parse_args(argv)
+    root = args.multirun_dir
+    if not root.is_dir():
+        return _fail(AnalysisError(f"{root} is not a directory"))
+    try:
+        swept, rows = summarize(root)
+    except AnalysisError as e:
+        return _fail(e)
+    print(format_table(swept, rows))
+    csv_path = args.csv or root / "summary.csv"
+    write_csv(csv_path, swept, rows)
+    print(f"\nwrote {csv_path}")
+    if len(swept) == 2:
+        png = args.heatmap or root / "summary_heatmap.png"
+        write_heatmap(png, swept, rows, args.metric)
+        print(f"wrote {png}")
+    return 0
+
+
+def plot_curves_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
+    from mars.analysis.curves import Curve, disambiguate, read_run, read_wandb_csv, run_labels
+    from mars.analysis.plots import plot_curves
+    from mars.analysis.runs import METRICS, find_run_dirs
+
+    p = argparse.ArgumentParser(prog="plot_curves.py", description=description)
+    p.add_argument("inputs", nargs="+", type=Path, help="run dirs, sweep dirs and/or W&B CSV exports")
+    p.add_argument(
+        "--out", type=Path, default=Path("curves.png"), help="PNG path (a PDF is written next to it)"
+    )
+    p.add_argument("--labels", nargs="+", help="legend labels, one per curve, in input order")
+    p.add_argument(
+        "--zoom",
+        nargs=4,
+        type=float,
+        metavar=("X0", "X1", "Y0", "Y1"),
+        help="inset window on the loss-vs-tokens plots, in the plotted token unit",
+    )
+    p.add_argument("--logx", action="store_true")
+    p.add_argument("--logy", action="store_true")
+    p.add_argument(
+        "--smooth", type=int, default=1, help="moving-average window for the train loss (log lines)"
+    )
+    p.add_argument("--title")
+    p.add_argument(
+        "--tokens-per-step",
+        type=float,
+        default=480 * 1024,
+        help="tokens per step for CSV exports without a tokens column (default: the paper's 480x1024)",
+    )
+    p.add_argument("--no-paper", action="store_true", help="leave out the paper's reference markers")
+    p.add_argument(
+        "--full-range",
+        action="store_true",
+        help="y axes over the whole loss range (default: from the loss after the first tenth of training)",
+    )
+    args = p.parse_args(argv)
+
+    inputs: list[Path] = []
+    for path in args.inputs:
+        if path.is_dir() and not (path / METRICS).is_file():  # a sweep dir: its runs
+            runs = [r for r in find_run_dirs(path) if (r / METRICS).is_file()]
+            if not runs:
+                return _fail(AnalysisError(f"{path} holds no run dirs (no metrics.jsonl at or under it)"))
+            inputs += runs
+        elif path.is_dir() or (path.suffix == ".csv" and path.is_file()):
+            inputs.append(path)
+        else:
+            return _fail(AnalysisError(f"{path} is neither a run dir, a sweep dir nor a .csv file"))
+    try:
+        dirs = [path for path in inputs if path.is_dir()]
+        labels, common = run_labels(dirs) if dirs else ([], "")
+        has_csv = len(dirs) < len(inputs)
+        curves: list[Curve] = []
+        run_curves: list[Curve] = []
+        for path in inputs:
+            if path.is_dir():
+                curve = read_run(path)
+                text = labels[len(run_curves)]
+                curve.label = f"{common}, {text}" if has_csv and common and text else (text or common)
+                run_curves.append(curve)
+                curves.append(curve)
+            else:
+                curves.extend(read_wandb_csv(path, args.tokens_per_step))
+    except AnalysisError as e:
+        return _fail(e)
+    disambiguate(run_curves, dirs)
+    legend_title = None if has_csv else common or None
+    if args.labels:
+        if len(args.labels) != len(curves):
+            return _fail(AnalysisError(f"{len(args.labels)} labels for {len(curves)} curves"))
+        for c, text in zip(curves, args.labels, strict=True):
+            c.label = text
+        legend_title = None
+    written = plot_curves(
+        curves,
+        args.out,
+        zoom=args.zoom,
+        logx=args.logx,
+        logy=args.logy,
+        smooth_window=args.smooth,
+        title=args.title,
+        paper_markers=not args.no_paper,
+        legend_title=legend_title,
+        full_range=args.full_range,
+    )
+    print("wrote " + ", ".join(str(w) for w in written))
+    return 0

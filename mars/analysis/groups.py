@@ -1,0 +1,244 @@
+"""Grouping runs into settings (seeds pooled), checking they may be compared, choosing the baseline.
+
+Grouping rule: two runs belong to one group when their resolved configs agree on every setting,
+i.e. on everything except the seeds (train.seed, train.data_seed), bookkeeping keys (where the
+run lives, how it is logged) and optimizer keys their optimizer does not read
+(mars.analysis.settings). Runs that differ in anything else are never averaged together.
+
+Comparability rule: runs must agree on train.max_steps, train.global_batch_size, the data
+(data.name, data.dir, data.hf_path, data.hf_config, data.paths) and the model shape
+(model.n_layer, n_head, n_embd, block_size, vocab_size), unless a sweep varied the key on purpose:
+some sweep (the runs of one Hydra multirun dir; for other runs, the dir given on the command
+line) holds runs whose overrides give that key (or its config group: model=, data=,
+experiment=) different values. Two separate runs with different max_steps are two experiments,
+not a comparison; `-m train.max_steps=200,400` is a sweep over training length.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mars.analysis.errors import AnalysisError
+from mars.analysis.labels import Column, Item, cell, format_value
+from mars.analysis.runs import Run
+from mars.analysis.settings import COMPARABILITY_KEYS, canonical, override_settings, settings_of
+
+
+@dataclass
+class Group:
+    """Runs of one setting (their seeds differ), in natural order of their dirs."""
+
+    settings: dict[str, Any]
+    overrides: dict[str, str]  # the first run's overrides and config-group choices, seeds removed
+    runs: list[Run]
+
+    @property
+    def item(self) -> Item:
+        return Item(self.settings, self.overrides)
+
+
+def overrides_view(run: Run, keep_seeds: bool = False) -> dict[str, str]:
+    """A run's config-group choices and overrides, filtered like its settings."""
+    return override_settings({**run.choices, **run.overrides}, run.flat.get("optimizer.name"), keep_seeds)
+
+
+def group_runs(runs: Sequence[Run]) -> list[Group]:
+    """Runs pooled by settings, in order of first appearance."""
+    groups: dict[str, Group] = {}
+    for run in runs:
+        settings = settings_of(run.flat)
+        key = canonical(settings)
+        if key not in groups:
+            groups[key] = Group(settings=settings, overrides=overrides_view(run), runs=[])
+        groups[key].runs.append(run)
+    return list(groups.values())
+
+
+def value_key(value: str | None) -> tuple:
+    """Sort values numerically where they are numbers, "-" (None) last."""
+    if value is None:
+        return (2, 0.0, "")
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def sort_groups(groups: list[Group], columns: Sequence[Column]) -> list[Group]:
+    return sorted(groups, key=lambda g: tuple(value_key(cell(c, g.item)) for c in columns))
+
+
+# ----------------------------------------------------------------------------- comparability
+
+
+def swept_keys(runs: Sequence[Run]) -> set[str]:
+    """Override keys (and config groups) that some sweep gave different values among its own runs."""
+    by_sweep: dict[Path, list[dict[str, str]]] = defaultdict(list)
+    for run in runs:
+        by_sweep[run.sweep].append({**run.choices, **run.overrides})
+    swept: set[str] = set()
+    for views in by_sweep.values():
+        for key in {k for v in views for k in v}:
+            if len({v.get(key) for v in views}) > 1:
+                swept.add(key)
+    return swept
+
+
+def _is_swept(key: str, swept: set[str]) -> bool:
+    return key in swept or key.split(".", 1)[0] in swept or "experiment" in swept
+
+
+def _where(runs: Sequence[Run]) -> str:
+    sweeps = sorted({str(r.sweep) for r in runs})
+    return ", ".join(sweeps[:3]) + (", ..." if len(sweeps) > 3 else "")
+
+
+def _list_runs(runs: Sequence[Run]) -> str:
+    names = [str(r.path) for r in runs]
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def check_comparable(runs: Sequence[Run]) -> None:
+    """Refuse runs that differ in training length, batch, data or model shape without a sweep saying so."""
+    swept = swept_keys(runs)
+    for key in COMPARABILITY_KEYS:
+        by_value: dict[str, list[Run]] = defaultdict(list)
+        for run in runs:
+            by_value[canonical(run.flat.get(key))].append(run)
+        if len(by_value) < 2 or _is_swept(key, swept):
+            continue
+        ordered = sorted(by_value.values(), key=len, reverse=True)
+        places = [_where(rs) for rs in ordered]
+        same_place = len(set(places)) < len(places)
+        parts = [
+            f"{format_value(rs[0].flat.get(key))} in {len(rs)} run{'s' if len(rs) > 1 else ''} "
+            + (f"({_list_runs(rs)})" if same_place else f"under {place}")
+            for rs, place in zip(ordered, places, strict=True)
+        ]
+        raise AnalysisError(
+            f"runs differ in {key} ({', '.join(parts)}): report them separately "
+            f"(or sweep {key} in one multirun to compare them)"
+        )
+
+
+# ----------------------------------------------------------------------------- baseline
+
+
+def parse_baseline(specs: Sequence[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
+            raise AnalysisError(
+                f"--baseline {spec!r} is not KEY=VALUE (e.g. --baseline optimizer.name=adamw)"
+            )
+        pairs.append((key, value.strip()))
+    return pairs
+
+
+def _equal(config_value: Any, text: str) -> bool:
+    """A config value against what the user typed: 3e-3 == 0.003, True == true, [0.9,0.95] == [0.9, 0.95]."""
+    if isinstance(config_value, bool):
+        return text.lower() == str(config_value).lower()
+    if isinstance(config_value, (int, float)):
+        try:
+            return math.isclose(float(config_value), float(text), rel_tol=1e-9, abs_tol=0.0)
+        except ValueError:
+            return False
+    if config_value is None:
+        return text.lower() in ("null", "none", "~")
+    if isinstance(config_value, list):
+        try:
+            parsed = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return False
+        return (
+            isinstance(parsed, list)
+            and len(parsed) == len(config_value)
+            and all(_equal(v, str(p)) for v, p in zip(config_value, parsed, strict=True))
+        )
+    return str(config_value) == text
+
+
+def _value_of(group: Group, key: str) -> tuple[bool, Any]:
+    """(has it, value): a config setting, else an override / config-group choice."""
+    if key in group.settings:
+        return True, group.settings[key]
+    if key in group.overrides:
+        return True, group.overrides[key]
+    return False, None
+
+
+def _values(groups: Sequence[Group], key: str) -> list[str]:
+    """The values a key takes among the groups, sorted numerically where they are numbers."""
+    values = set()
+    for g in groups:
+        has, value = _value_of(g, key)
+        if has:
+            values.add(format_value(value))
+    return sorted(values, key=value_key)
+
+
+def _matches(group: Group, key: str, text: str) -> bool:
+    has, value = _value_of(group, key)
+    return has and _equal(value, text)
+
+
+def select_baseline(
+    groups: Sequence[Group], specs: Sequence[str], columns: Sequence[Column], labels: Sequence[str]
+) -> tuple[int, str]:
+    """The baseline group's index and a line saying how it was chosen.
+
+    Without --baseline it is the first group in sorted order: not the best one, which would make
+    every other group look worse by construction.
+    """
+    if not specs:
+        how = "the first group in sorted order; choose one with --baseline KEY=VALUE"
+        return 0, f"{labels[0] or 'all runs'} ({how})"
+    pairs = parse_baseline(specs)
+    for key, _ in pairs:
+        if not any(_value_of(g, key)[0] for g in groups):
+            raise AnalysisError(
+                f"--baseline key {key} is in no run's config or overrides "
+                f"(keys that differ between the groups: {', '.join(c.key for c in columns) or 'none'})"
+            )
+    matched = [i for i, g in enumerate(groups) if all(_matches(g, k, v) for k, v in pairs)]
+    given = " ".join(f"{k}={v}" for k, v in pairs)
+    if not matched:
+        available = "; ".join(f"{k} takes {', '.join(_values(groups, k))}" for k, _ in pairs)
+        raise AnalysisError(f"--baseline {given} matches no group ({available})")
+    if len(matched) > 1:
+        hint = ""
+        for c in columns:
+            key = {"optimizer": "optimizer.name", "size": "model.n_layer"}.get(c.kind, c.key)
+            values = _values([groups[i] for i in matched], key)
+            if len(values) > 1:
+                hint = f", e.g. --baseline {key}={values[0]} ({key} takes {', '.join(values)} among them)"
+                break
+        raise AnalysisError(
+            f"--baseline {given} matches {len(matched)} groups ({'; '.join(labels[i] for i in matched)}): "
+            f"add another --baseline KEY=VALUE{hint}"
+        )
+    return matched[0], f"{labels[matched[0]] or 'all runs'} (--baseline {given})"
+
+
+def duplicate_seeds(group: Group) -> list[str]:
+    """Warnings for runs of a group that share all their seeds: the same run twice, not two seeds."""
+    seeds = Counter(seeds_of(r) for r in group.runs)
+    return [f"{n} runs with train.seed={s[0]}, data seed {s[1]}" for s, n in seeds.items() if n > 1]
+
+
+def seeds_of(run: Run) -> tuple[Any, Any]:
+    """(train.seed, the data-order seed): train.data_seed, which is train.seed when null or absent."""
+    seed = run.flat.get("train.seed")
+    data_seed = run.flat.get("train.data_seed")
+    return seed, seed if data_seed is None else data_seed

@@ -1,0 +1,229 @@
+"""Names for runs and groups: what a legend entry or a table row says.
+
+The rule: a label names only what differs between the runs shown, and for each run only keys its
+own optimizer reads. What all of them share goes into one common description (a legend title or
+the report's header) instead of being repeated in every entry.
+
+Differences are taken from the overrides the user typed (``.hydra/overrides.yaml`` and Hydra's
+config-group choices) where they explain them, e.g. ``optimizer.lr=3e-3`` or ``schedule=wsd``
+(which explains every schedule.* key that changed with it); differences no override explains are
+named by their config key. An optimizer key that differs only *between* optimizers (AdamW's betas
+against MARS's) is implied by the optimizer's name and not shown; one that varies among runs of
+the same optimizer (an lr sweep) is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mars.analysis.paper import paper_key
+from mars.analysis.settings import SEED_KEYS, applies, canonical
+
+SHAPES = {
+    (4, 4, 256): "tiny",
+    (12, 12, 768): "small",
+    (24, 16, 1024): "medium",
+    (36, 20, 1280): "large",
+    (48, 25, 1600): "xl",
+}
+OPT_NAMES = {
+    "adamw": "AdamW", "lion": "Lion", "muon": "Muon", "moonlight": "Moonlight", "mars_adamw": "MARS-AdamW",
+    "mars_lion": "MARS-Lion", "mars_shampoo": "MARS-Shampoo", "mars_m": "MARS-M",
+}  # fmt: skip
+# MARS types whose title says approx/exact; MARS-M's approx is an ordinary key
+_TITLED_APPROX = ("mars_adamw", "mars_lion", "mars_shampoo")
+_SHAPE = ("model.n_layer", "model.n_head", "model.n_embd")
+
+
+def format_value(value: Any) -> str:
+    """A config value as a label shows it: 0.003, 1e-05, true, [0.9, 0.95]."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+def optimizer_title(flat: dict[str, Any]) -> str:
+    """ "MARS-AdamW (approx)", "AdamW", ... from the flat config."""
+    name = flat.get("optimizer.name", "?")
+    title = OPT_NAMES.get(str(name), str(name))
+    if name in _TITLED_APPROX:
+        title += " (approx)" if flat.get("optimizer.approx", True) else " (exact)"
+    return title
+
+
+def size_name(flat: dict[str, Any]) -> str | None:
+    """ "GPT-2 small", or "4L/256d" for a shape that is not a preset; None without model keys."""
+    shape = tuple(flat.get(k) for k in _SHAPE)
+    if shape[0] is None:
+        return None
+    size = SHAPES.get(shape)  # type: ignore[arg-type]
+    return f"GPT-2 {size}" if size else f"{shape[0]}L/{shape[2]}d"
+
+
+def describe(cfg: dict) -> tuple[str, tuple[str, str] | None]:
+    """A stand-alone label for one run's nested config, and its paper reference entry if it has one."""
+    opt, model, data = cfg.get("optimizer", {}), cfg.get("model", {}), cfg.get("data", {})
+    flat = {f"optimizer.{k}": v for k, v in opt.items()} | {f"model.{k}": v for k, v in model.items()}
+    parts = [optimizer_title(flat)]
+    size = SHAPES.get((model.get("n_layer"), model.get("n_head"), model.get("n_embd")))
+    parts.append(f"GPT-2 {size}" if size else f"{model.get('n_layer', '?')}L/{model.get('n_embd', '?')}d")
+    if "lr" in opt:
+        parts.append(f"lr {format_value(float(opt['lr']))}")
+    paper = paper_key(str(opt.get("name", "?")), bool(opt.get("approx", True)), size, data.get("name"))
+    return ", ".join(parts), paper
+
+
+@dataclass
+class Item:
+    """What labelling needs of a run or a group: its settings and its overrides (both filtered)."""
+
+    settings: dict[str, Any]
+    overrides: dict[str, str]
+
+    @property
+    def optimizer(self) -> Any:
+        return self.settings.get("optimizer.name")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One thing that differs: a facet ("optimizer", "model"), an override key or a config key."""
+
+    key: str
+    kind: str  # optimizer | size | override | config
+    header: str
+
+
+def _varies(items: Sequence[Item], key: str) -> bool:
+    """Whether a config key takes more than one value; optimizer keys only among runs of one optimizer."""
+    if key.startswith("optimizer."):
+        by_optimizer: dict[str, set[str]] = {}
+        for it in items:
+            if key in it.settings and not (key == "optimizer.approx" and it.optimizer in _TITLED_APPROX):
+                by_optimizer.setdefault(str(it.optimizer), set()).add(canonical(it.settings[key]))
+        return any(len(values) > 1 for values in by_optimizer.values())
+    return len({canonical(it.settings.get(key, "<absent>")) for it in items}) > 1
+
+
+def _determined_by(items: Sequence[Item], override: str, value_of: Callable[[Item], Any]) -> bool:
+    """Whether items with the same value of `override` always agree on value_of(item)."""
+    by_choice: dict[str | None, set[str]] = {}
+    for it in items:
+        by_choice.setdefault(it.overrides.get(override), set()).add(canonical(value_of(it)))
+    return all(len(values) == 1 for values in by_choice.values())
+
+
+def varying_columns(items: Sequence[Item]) -> list[Column]:
+    """The columns that tell the items apart: facets first, then overrides, then config keys.
+
+    A dotted override (optimizer.lr=...) names its own key. A config-group choice (schedule=wsd,
+    model=..., experiment=...) stands for the keys under it (experiment: any key) that it
+    determines, i.e. that never differ between items with the same choice; the rest stay
+    columns of their own, so two different settings never share a label.
+    """
+    if len(items) < 2:
+        return []
+    keys = sorted({k for it in items for k in it.settings})
+    size_varies = len({size_name(it.settings) for it in items}) > 1
+    # shape keys the size facet does not tell apart (e.g. n_head of a non-preset shape) stay keys
+    shape_left = [k for k in _SHAPE if not _determined_by_size(items, k)]
+    differing = {k for k in keys if k not in ("optimizer.name", *_SHAPE) and _varies(items, k)}
+    differing |= {k for k in shape_left if _varies(items, k)}
+    columns: list[Column] = []
+    if len({optimizer_title(it.settings) for it in items}) > 1:
+        columns.append(Column("optimizer", "optimizer", "optimizer"))
+    overrides = sorted({k for it in items for k in it.overrides}, key=lambda k: ("." not in k, k))
+    for o in overrides:
+        if o == "optimizer" or len({it.overrides.get(o) for it in items}) < 2:
+            continue
+        if "." in o:
+            covered = {o} & differing
+        else:
+            candidates = differing if o == "experiment" else {k for k in differing if k.startswith(o + ".")}
+            covered = {k for k in candidates if _determined_by(items, o, lambda it, k=k: it.settings.get(k))}
+        takes_size = (
+            o in ("model", "experiment")
+            and size_varies
+            and _determined_by(items, o, lambda it: size_name(it.settings))
+        )
+        if covered or takes_size:
+            columns.append(Column(o, "override", o))
+            differing -= covered
+            size_varies = size_varies and not takes_size
+    if size_varies:
+        columns.insert(
+            1 if columns and columns[0].kind == "optimizer" else 0, Column("model", "size", "model")
+        )
+    columns += [Column(k, "config", k) for k in sorted(differing)]
+    return _short_headers(columns, {*keys, *SEED_KEYS})
+
+
+def _determined_by_size(items: Sequence[Item], key: str) -> bool:
+    """Whether items of the same size name (GPT-2 small, 4L/256d) agree on a shape key."""
+    by_size: dict[str | None, set[str]] = {}
+    for it in items:
+        by_size.setdefault(size_name(it.settings), set()).add(canonical(it.settings.get(key)))
+    return all(len(values) == 1 for values in by_size.values())
+
+
+def _short_headers(columns: list[Column], all_keys: set[str]) -> list[Column]:
+    """Headers by the last part of the key (lr, gamma) unless another config key ends the same way
+    (data.seed and train.seed, data.name and optimizer.name): then the whole key."""
+    endings: dict[str, set[str]] = {}
+    for key in {*all_keys, *(c.key for c in columns)}:
+        endings.setdefault(key.rsplit(".", 1)[-1], set()).add(key)
+    out = []
+    for c in columns:
+        if c.kind in ("optimizer", "size"):
+            out.append(c)
+            continue
+        short = c.key.rsplit(".", 1)[-1]
+        out.append(Column(c.key, c.kind, short if len(endings[short]) == 1 else c.key))
+    return out
+
+
+def cell(column: Column, item: Item) -> str | None:
+    """The item's value in a column; None where the key does not apply to it (or it has none)."""
+    if column.kind == "optimizer":
+        return optimizer_title(item.settings)
+    if column.kind == "size":
+        return size_name(item.settings)
+    if not applies(column.key, item.optimizer):
+        return None
+    if column.kind == "override" and column.key in item.overrides:
+        return item.overrides[column.key]
+    if column.key in item.settings:
+        return format_value(item.settings[column.key])
+    return None
+
+
+def label(columns: Sequence[Column], item: Item) -> str:
+    """ "MARS-AdamW (approx), lr=0.003": the item's values in the columns, keys it lacks left out."""
+    parts = []
+    for c in columns:
+        value = cell(c, item)
+        if value is not None:
+            parts.append(value if c.kind in ("optimizer", "size") else f"{c.header}={value}")
+    return ", ".join(parts)
+
+
+def common_description(columns: Sequence[Column], items: Sequence[Item]) -> str:
+    """What every item shares and the labels therefore leave out: the optimizer and the model size."""
+    if not items:
+        return ""
+    kinds = {c.kind for c in columns} | {c.key for c in columns}
+    parts = []
+    if "optimizer" not in kinds:
+        parts.append(optimizer_title(items[0].settings))
+    size = size_name(items[0].settings)
+    if "size" not in kinds and "model" not in kinds and "experiment" not in kinds and size:
+        parts.append(size)
+    return ", ".join(parts)

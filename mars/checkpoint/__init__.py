@@ -17,6 +17,7 @@ import importlib
 
 from mars.checkpoint.layout import (
     CKPT_DIR,
+    SHARDED_DIR,
     CheckpointError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
@@ -41,6 +42,9 @@ _LAZY = {
     "load_model": "mars.checkpoint.load",
     "load_model_state": "mars.checkpoint.load",
     "read_run_config": "mars.checkpoint.load",
+    "model_templates": "mars.checkpoint.load",
+    "split_optimizer_state": "mars.checkpoint.sharded",
+    "optimizer_state_for": "mars.checkpoint.sharded",
     "load_train_state": "mars.checkpoint.state",
     "rng_state": "mars.checkpoint.state",
     "set_rng_state": "mars.checkpoint.state",
@@ -48,6 +52,7 @@ _LAZY = {
 
 __all__ = [
     "CKPT_DIR",
+    "SHARDED_DIR",
     "CheckpointError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",

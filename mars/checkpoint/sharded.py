@@ -154,3 +154,77 @@ def load_tensors(templates: dict[str, torch.Tensor], path: str | os.PathLike) ->
         raise CheckpointError(f"{path} holds tensors of other shapes: {', '.join(wrong[:3])}")
     with _single_process_quiet():
         dcp.load(templates, storage_reader=SafeReader(str(path)), no_dist=not _distributed())
+
+
+# ----------------------------------------------------------------------------- optimizer state
+
+OPTIM_PREFIX = "optim."
+SHARDED_MARK = "sharded:"  # a train_state.pt entry whose tensor lives in the sharded files
+
+
+def _flat_params(optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def split_optimizer_state(optimizer, names: dict[int, str]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """optimizer.state_dict() with each DTensor replaced by a "sharded:optim.FQN.NAME" placeholder
+    (plain data for train_state.pt), and those DTensors by key (for the sharded files).
+    `names` maps id(param) to its fully qualified name."""
+    from torch.distributed.tensor import DTensor
+
+    sd = optimizer.state_dict()
+    params = _flat_params(optimizer)
+    tensors: dict[str, torch.Tensor] = {}
+    state = {}
+    for index, entries in sd["state"].items():
+        fqn = names[id(params[index])]
+        out = {}
+        for name, value in entries.items():
+            if isinstance(value, DTensor):
+                key = f"{OPTIM_PREFIX}{fqn}.{name}"
+                tensors[key] = value
+                out[name] = SHARDED_MARK + key
+            else:
+                out[name] = value
+        state[index] = out
+    return {**sd, "state": state}, tensors
+
+
+def optimizer_state_for(optimizer, saved: dict, sharded_dir: Path | None) -> dict:
+    """A state_dict that `optimizer` (replicated or FSDP2-sharded, any world size) can load, from a
+    checkpoint's saved one: placeholders are filled from `sharded_dir` in this run's layout, and whole
+    tensors of a "full" checkpoint are cut to this rank's shard where the parameter is a DTensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = _flat_params(optimizer)
+    if len(params) != sum(len(g["params"]) for g in saved.get("param_groups", [])):
+        return saved  # torch's load_state_dict names the mismatch
+    templates: dict[str, torch.Tensor] = {}
+    state = {}
+    for index, entries in saved.get("state", {}).items():
+        param = params[int(index)]
+        out = {}
+        for name, value in entries.items():
+            if isinstance(value, str) and value.startswith(SHARDED_MARK):
+                if sharded_dir is None:
+                    raise CheckpointError(
+                        f"optimizer state {value} refers to sharded files, but there are none"
+                    )
+                key = value[len(SHARDED_MARK) :]
+                templates[key] = out[name] = torch.zeros_like(param)
+            elif (
+                isinstance(param, DTensor)
+                and isinstance(value, torch.Tensor)
+                and not isinstance(value, DTensor)
+                and tuple(value.shape) == tuple(param.shape)
+                and value.ndim > 0
+            ):
+                out[name] = distribute_tensor(
+                    value.to(param.to_local().device), param.device_mesh, param.placements, src_data_rank=None
+                )
+            else:
+                out[name] = value
+        state[index] = out
+    if templates:
+        load_tensors(templates, sharded_dir)
+    return {**saved, "state": state}

@@ -159,6 +159,10 @@ def run(cfg: DictConfig) -> str:
 
     adopt_slurm_env()
     validate(cfg, env_world_size())
+    if cfg.train.cpu_threads:
+        import torch
+
+        torch.set_num_threads(cfg.train.cpu_threads)
     rank0 = env_rank() == 0
     if not rank0:
         logging.getLogger().setLevel(logging.WARNING)
@@ -167,7 +171,7 @@ def run(cfg: DictConfig) -> str:
         run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
         ensure_prepared(cfg.data)
         resume_from = choose_start(cfg, run_dir, env_world_size())
-    info = init_distributed(cfg.train.device, cfg.train.backend)
+    info = init_distributed(cfg.train.device, cfg.train.backend, need_group=cfg.train.parallel == "fsdp")
     try:
         run_dir, resume_from = broadcast_object((run_dir, resume_from))
         if rank0:
@@ -195,7 +199,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _task(cfg: DictConfig) -> None:
+    from mars.train.launch import run_on_own_gpus, wants_own_gpus
+
     try:
+        if wants_own_gpus(cfg):
+            run_on_own_gpus(cfg)
+            return
         run(cfg)
     except _user_errors() as e:
         _fail(str(e), 1)

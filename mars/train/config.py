@@ -20,6 +20,7 @@ SCHEDULES = ("cosine", "linear", "wsd", "constant")
 GRAD_REDUCTIONS = ("mean", "sum")
 DTYPES = ("auto", "float32", "bfloat16")
 WANDB_MODES = ("online", "offline", "disabled")
+PARALLEL_MODES = ("ddp", "fsdp")
 
 
 class ConfigError(ValueError):
@@ -63,7 +64,10 @@ class TrainConfig:
     spike_loss: float = 1.0  # logged train loss this many nats above its best raises an alarm (0: off)
     health_window: int = 20
     backend: str | None = None  # process-group backend (None: nccl on CUDA, gloo on CPU)
+    parallel: str = "ddp"  # ddp (replicated model) | fsdp (FSDP2: model, grads, optimizer state sharded)
+    fsdp_replicate: int = 1  # fsdp: replicas of the sharded model (2-D HSDP mesh; 1: plain FSDP)
     progress: bool = True  # tqdm bar on rank 0
+    cpu_threads: int | None = None  # torch CPU threads per process (None: torch's default)
 
 
 @dataclass
@@ -93,6 +97,14 @@ class DownstreamConfig:
 
 
 @dataclass
+class LaunchConfig:
+    """How each job of a sweep (-m) runs on this machine; with hydra/launcher=parallel,
+    hydra.launcher.n_jobs jobs run at once (mars/train/launch.py)."""
+
+    gpus_per_job: int = 0  # 0: in the launcher's worker process; N: on N GPUs of its own (torchrun if N > 1)
+
+
+@dataclass
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -101,6 +113,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
 
 
 def register_configs() -> None:
@@ -150,6 +163,9 @@ def validate(cfg: Any, world_size: int = 1) -> None:
     _at_least(cfg, "schedule.warmup_steps", 0)
     _at_least(cfg, "schedule.min_lr", 0.0)
     _at_least(cfg, "downstream.interval", 0)
+    _at_least(cfg, "launch.gpus_per_job", 0)
+    if _get(cfg, "train.cpu_threads") is not None:
+        _at_least(cfg, "train.cpu_threads", 1)
     _choice(cfg, "schedule.name", SCHEDULES)
     _choice(cfg, "train.grad_reduction", GRAD_REDUCTIONS)
     _choice(cfg, "train.dtype", DTYPES)
@@ -182,6 +198,7 @@ def validate(cfg: Any, world_size: int = 1) -> None:
         raise ConfigError(f"model.n_embd={n_embd} must be a multiple of model.n_head={n_head}")
     _check_model(cfg)
     _check_device(str(_get(cfg, "train.device")))
+    _check_parallel(cfg, world_size)
     if _get(cfg, "downstream.interval") > 0 and not _get(cfg, "downstream.tasks"):
         raise ConfigError(
             "downstream.interval > 0 needs downstream.tasks (e.g. downstream.tasks=[hellaswag])"
@@ -212,3 +229,32 @@ def _check_device(device: str) -> None:
         raise ConfigError(
             f"train.device={device}: only {torch.cuda.device_count()} CUDA device(s) are visible"
         )
+
+
+def _check_parallel(cfg: Any, world_size: int) -> None:
+    """Layouts that cannot run are refused in one line each, before any process group exists."""
+    parallel, replicate = _get(cfg, "train.parallel"), int(_get(cfg, "train.fsdp_replicate"))
+    _choice(cfg, "train.parallel", PARALLEL_MODES)
+    if replicate < 1:
+        raise ConfigError(f"train.fsdp_replicate={replicate} must be >= 1")
+    if parallel != "fsdp":
+        if replicate != 1:
+            raise ConfigError("train.fsdp_replicate applies to train.parallel=fsdp only; drop it or use fsdp")
+        return
+    if world_size % replicate:
+        raise ConfigError(
+            f"train.fsdp_replicate={replicate} does not divide the world size {world_size}: the mesh is "
+            f"replicas x shards; choose a divisor of {world_size}"
+        )
+    backend = _get(cfg, "train.backend")
+    device = str(_get(cfg, "train.device"))
+    if backend is not None:
+        import torch
+
+        cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        wanted = "nccl" if cuda else "gloo"
+        if backend != wanted:
+            raise ConfigError(
+                f"train.parallel=fsdp with train.backend={backend} on {'CUDA' if cuda else 'CPU'}: FSDP2 "
+                f"runs on {wanted} there; drop train.backend (or set it to {wanted})"
+            )

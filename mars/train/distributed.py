@@ -90,12 +90,31 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def init_distributed(device: str = "auto", backend: str | None = None) -> DistInfo:
+def _single_process_group_env() -> None:
+    """torch.distributed's env:// rendezvous for a world of one (FSDP2 needs a process group even
+    then): this host, a free port."""
+    import socket
+
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+
+
+def init_distributed(device: str = "auto", backend: str | None = None, need_group: bool = False) -> DistInfo:
+    """Set the device and, under a launcher (or when `need_group`: FSDP2 in one process), the process
+    group. Returns this process's rank, world size and device."""
     device = resolve_device(device)
-    if not launched_distributed():
+    if not launched_distributed() and not need_group:
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
         return DistInfo(device=device)
+    if not launched_distributed():
+        _single_process_group_env()
     rank, world_size = env_rank(), env_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.startswith("cuda"):

@@ -73,12 +73,15 @@ def _config_dict(cfg) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
-def build_model(model_cfg, device: torch.device, seed: int):
-    """The GPT of `model_cfg` on `device`, initialised from a generator seeded with `seed`."""
+def build_model(model_cfg, device: torch.device, seed: int, shard=None):
+    """The GPT of `model_cfg` on `device`, initialised from a generator seeded with `seed`. `shard`, when
+    given, is applied to the model while it is still on the meta device (train.parallel=fsdp)."""
     from mars.model import GPT
 
     with torch.device("meta"):
         model = GPT(model_cfg)
+    if shard is not None:
+        shard(model)
     model.to_empty(device=device)
     model.tie_weights()
     model.init_weights(generator=torch.Generator(device=device).manual_seed(seed))
@@ -137,19 +140,32 @@ class Trainer:
         # model and optimizer: built on the meta device, then materialised and initialised from a
         # generator seeded with train.seed (the same weights on every rank, and in any parallel layout)
         torch.manual_seed(t.seed)  # dropout and anything else drawn from the global RNG
-        self.raw_model = build_model(c.model, self.device, t.seed)
+        use_compile = t.compile if t.compile is not None else self.device.type == "cuda"
+        self.fsdp = t.parallel == "fsdp"
+        shard = None
+        if self.fsdp:
+            from mars.train.parallel import device_mesh, parallelize
+
+            self.mesh = device_mesh(dist.world_size, t.fsdp_replicate, self.device.type)
+            bf16 = dtype == "bfloat16"
+            self.autocast = nullcontext()  # FSDP2's MixedPrecisionPolicy casts the weights instead
+
+            def shard(model):
+                parallelize(model, self.mesh, mixed_precision=bf16, compile_blocks=use_compile)
+
+        self.raw_model = build_model(c.model, self.device, t.seed, shard)
         if resume_from is not None:
             ckpt.check_model_shape(resume_from, c.model)
             ckpt.load_model_state(self.raw_model, resume_from)
         self.optimizer = build_optimizer(self.raw_model, c.optimizer)
         self.exact = bool(getattr(self.optimizer, "needs_previous_grads", False))
         self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
+        self.param_names = {id(p): n for n, p in self.raw_model.named_parameters()}
         self.schedule = LRSchedule.from_config(c.schedule, c.optimizer.lr, t.max_steps)
 
-        use_compile = t.compile if t.compile is not None else self.device.type == "cuda"
-        self.eval_model = torch.compile(self.raw_model) if use_compile else self.raw_model
+        self.eval_model = torch.compile(self.raw_model) if use_compile and not self.fsdp else self.raw_model
         self.model = self.eval_model
-        if dist.distributed:
+        if dist.distributed and not self.fsdp:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -182,7 +198,10 @@ class Trainer:
         """Optimizer, loader, RNG, loop counters and health history of a checkpoint. The optimizer's
         hyperparameters stay those of this run's config (mars.train.resume)."""
         state = ckpt.load_train_state(step_dir)
-        load_optimizer_state(self.optimizer, state["optimizer"])
+        sharded_dir = step_dir / ckpt.SHARDED_DIR if ckpt.checkpoint_format(step_dir) == "sharded" else None
+        load_optimizer_state(
+            self.optimizer, ckpt.optimizer_state_for(self.optimizer, state["optimizer"], sharded_dir)
+        )
         self.loader.load_state_dict(state["loader"])
         ckpt.set_rng_state(state["rng"])
         self.state = Counters(**state["counters"])
@@ -192,13 +211,20 @@ class Trainer:
         return meta.get("wandb_run_id")
 
     def save(self) -> Path | None:
-        """Checkpoint the current step (rank 0 writes; every rank waits for it)."""
+        """Checkpoint the current step. Replicated (ddp): rank 0 writes the "full" format while the others
+        wait. Sharded (fsdp): every rank writes its shards ("sharded" format), rank 0 the rest."""
+        s = self.state
+        sharded = None
+        if self.fsdp:
+            optimizer_state, optimizer_tensors = ckpt.split_optimizer_state(self.optimizer, self.param_names)
+            sharded = {**ckpt.model_templates(self.raw_model), **optimizer_tensors}
+        elif self.dist.is_main:
+            optimizer_state = self.optimizer.state_dict()
         path = None
-        if self.dist.is_main:
-            s = self.state
+        if self.dist.is_main or sharded is not None:
             s.elapsed = self._elapsed()
             train_state = {
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer_state,
                 "loader": self.loader.state_dict(),
                 "rng": ckpt.rng_state(),
                 "schedule": {"step": s.step, "lr_factor": self.schedule(s.step)},
@@ -211,6 +237,7 @@ class Trainer:
                 "val_loss": self.last_val_loss,
                 "best_val_loss": s.best_val_loss if math.isfinite(s.best_val_loss) else None,
                 "world_size": self.dist.world_size,
+                "parallel": self.cfg.train.parallel,
                 "global_batch_size": self.global_batch_size,
                 "block_size": self.cfg.model.block_size,
                 "optimizer": self.cfg.optimizer.name,
@@ -224,9 +251,11 @@ class Trainer:
                 meta,
                 self.config_yaml,
                 self.cfg.train.keep_last,
+                sharded=sharded,
                 healthy=self.health.healthy(s.step),
             )
-            log.info(f"saved checkpoint {path}")
+            if path is not None:
+                log.info(f"saved checkpoint {path}")
         barrier()
         return path
 
@@ -245,7 +274,9 @@ class Trainer:
         scale = 1.0 / n if self.cfg.train.grad_reduction == "mean" else 1.0
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(batches):
-            sync = i == n - 1 or not self.dist.distributed
+            # DDP all-reduces on the last micro-step only; FSDP2 reduce-scatters every micro-step, which
+            # keeps the gradients sharded (and accumulates them in place)
+            sync = i == n - 1 or not self.dist.distributed or self.fsdp
             with nullcontext() if sync else self.model.no_sync():
                 with self.autocast:
                     _, loss = self.model(x, y)
@@ -254,8 +285,10 @@ class Trainer:
         return total
 
     def _clip(self) -> torch.Tensor:
+        """Clip the global gradient norm (over every rank's shards under FSDP2); returns the norm."""
         max_norm = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else math.inf
-        return torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def _zero_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -285,6 +318,12 @@ class Trainer:
             totals[0] += loss.double() * y.numel()
             totals[1] += y.numel()
         self.eval_model.train()
+        if self.fsdp:  # no backward follows: put back the sharded weights FSDP2 kept gathered
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in self.raw_model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
         all_reduce_sum(totals)
         return (totals[0] / totals[1]).item() if totals[1] > 0 else math.nan
 

@@ -221,3 +221,29 @@ def test_unknown_option_is_one_line_from_the_real_command(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Could not find 'optimizer/adamm'" in lines[0], proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "outputs").exists()
+
+
+def test_parallel_launcher_runs_two_cpu_jobs_at_once(data_root, tmp_path):
+    """hydra/launcher=parallel: both jobs of a 2-job sweep run at the same time, each in its own dir."""
+    sweep = tmp_path / "sweep"
+    overrides = tiny_overrides(data_root, max_steps=6, eval_steps=0, cpu_threads=1)
+    run(
+        [PYTHON, TRAIN, "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "train.seed=1,2",
+         *overrides, f"hydra.sweep.dir={sweep}"],
+        tmp_path,
+    )  # fmt: skip
+    jobs = sorted(p for p in sweep.iterdir() if (p / "metrics.jsonl").is_file())
+    assert [p.name for p in jobs] == ["0", "1"]
+    spans = []
+    for job in jobs:
+        lines = [json.loads(s) for s in (job / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in lines if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+        start = (job / ".hydra" / "config.yaml").stat().st_mtime
+        end = (job / "ckpt" / "step_00000006" / "meta.json").stat().st_mtime
+        spans.append((start, end))
+    (s0, e0), (s1, e1) = spans
+    assert s0 < e1 and s1 < e0, spans  # the two time intervals overlap
+    import yaml
+
+    seeds = [yaml.safe_load((j / ".hydra" / "config.yaml").read_text())["train"]["seed"] for j in jobs]
+    assert seeds == [1, 2]

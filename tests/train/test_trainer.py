@@ -266,3 +266,26 @@ def test_in_loop_downstream_eval_is_logged_every_interval(data_root, tmp_path, m
         downstream[0]["downstream/hellaswag/acc"] == 0.25
         and "downstream/hellaswag/alias" not in downstream[0]
     )
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+def test_data_seed_orders_batches_and_seed_initialises(data_root, tmp_path):
+    def first(*extra):
+        tr = make_trainer(data_root, tmp_path / "_".join(extra), list(extra))
+        weights = {n: p.detach().clone() for n, p in tr.raw_model.named_parameters()}
+        return weights, torch.cat([x for x, _ in tr.loader.get(0)])
+
+    base_w, base_x = first("train.seed=1", "train.data_seed=5")
+    other_data_w, other_data_x = first("train.seed=1", "train.data_seed=6")
+    other_init_w, other_init_x = first("train.seed=2", "train.data_seed=5")
+    default_w, default_x = first("train.seed=5")  # data_seed defaults to seed
+
+    assert not torch.equal(base_x, other_data_x)  # data_seed changes the batches ...
+    assert all(torch.equal(base_w[n], other_data_w[n]) for n in base_w)  # ... and not the init
+    assert torch.equal(base_x, other_init_x)  # seed keeps the batches ...
+    assert not torch.equal(
+        base_w["transformer.wte.weight"], other_init_w["transformer.wte.weight"]
+    )  # ... not the init
+    assert torch.equal(default_x, base_x)

@@ -38,7 +38,7 @@ PAPER_TASKS = (
     "sciq",
 )
 PRESETS: dict[str, tuple[str, ...]] = {
-    "paper": PAPER_TASKS,  # the MARS paper's zero-shot table (MARS_SPEC section 6)
+    "paper": PAPER_TASKS,  # the MARS paper's zero-shot table (docs/algorithms.md section 6)
     "smoke": ("mars_quiz",),  # offline: the project's own 40-question quiz
 }
 # eval/tasks/ at the repository root: the project's local tasks (mars_quiz).

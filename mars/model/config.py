@@ -1,4 +1,4 @@
-"""GPT-2 model configuration and the size presets (MARS_SPEC section 6)."""
+"""GPT-2 model configuration and the size presets (docs/algorithms.md section 6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GPT-2 with the options of the reference runs (MARS_SPEC section 6).
+"""GPT-2 with the options of the reference runs (docs/algorithms.md section 6).
 
 Parameter names follow nanoGPT (and therefore Hugging Face's GPT2LMHeadModel):
 ``transformer.wte``, ``transformer.wpe``, ``transformer.h.{i}.{ln_1,attn.c_attn,attn.c_proj,ln_2,

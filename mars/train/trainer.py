@@ -3,7 +3,7 @@
 One optimizer step t (0-based) of the global batch B_t (`BatchLoader.get(t)`):
 
     lr factor <- schedule(t)
-    exact MARS only (optimizer.needs_previous_grads, MARS_SPEC section 5):
+    exact MARS only (optimizer.needs_previous_grads, docs/algorithms.md section 5):
         grad f(x_t, B_{t+1})   accumulated over micro-steps, all-reduced, clipped
         optimizer.stash_previous_grads()       -> g_prev of step t+1
         zero grads

@@ -1,4 +1,4 @@
-"""Config composition, the structured schema, validation, and the paper presets against MARS_SPEC."""
+"""Config composition, the structured schema, validation, and the paper presets against docs/algorithms.md."""
 
 import itertools
 from pathlib import Path
@@ -135,7 +135,7 @@ def test_one_line_collapses_multiline_errors():
 
 # ----------------------------------------------------------------------------- paper presets
 
-# MARS_SPEC section 6, hard-coded: model shapes and the reference hyper-parameters.
+# docs/algorithms.md section 6, hard-coded: model shapes and the reference hyper-parameters.
 SHAPES = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280), "xl": (48, 25, 1600)}
 LR = {  # size: AdamW lr, Muon lr, MARS lr, MARS lr_1d
     "small": (6e-4, 2e-2, 6e-3, 3e-3),

@@ -67,7 +67,7 @@ EXACT = [
 
 
 def hand_mars_adamw(model, batches, steps: int, exact: bool):
-    """MARS-AdamW (MARS_SPEC sections 1, 2, 5) written out per tensor, driven like the trainer:
+    """MARS-AdamW (docs/algorithms.md sections 1, 2, 5) written out per tensor, driven like the trainer:
     mean loss over the micro-batches, global grad-norm clip at CLIP (also on the look-ahead
     gradient), g_prev = grad f(x_{t-1}, B_t) in exact mode or last step's gradient in approx mode."""
     x = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -9,7 +9,15 @@ from __future__ import annotations
 import importlib
 
 from mars.data.config import DataConfig
-from mars.data.errors import DataError, DataNotPreparedError, ManifestError, ShardError, SourceError
+from mars.data.errors import (
+    DamagedShardError,
+    DataError,
+    DataNotPreparedError,
+    ManifestError,
+    ShardError,
+    SourceChangedError,
+    SourceError,
+)
 from mars.data.tokenizer import EOT_ID, VOCAB_SIZE, get_hf_tokenizer, get_tokenizer
 
 _LAZY = {
@@ -27,11 +35,13 @@ _LAZY = {
 __all__ = [
     "EOT_ID",
     "VOCAB_SIZE",
+    "DamagedShardError",
     "DataConfig",
     "DataError",
     "DataNotPreparedError",
     "ManifestError",
     "ShardError",
+    "SourceChangedError",
     "SourceError",
     "get_hf_tokenizer",
     "get_tokenizer",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -30,15 +31,25 @@ class PrepareConfig:
 ConfigStore.instance().store(name="prepare_schema", node=PrepareConfig)
 
 
+def fail(message: str) -> NoReturn:
+    """Exit with status 1 and the message as one line on stderr ("error: ..."), nothing else."""
+    print(
+        "error: " + " ".join(line.strip() for line in message.splitlines() if line.strip()), file=sys.stderr
+    )
+    sys.exit(1)
+
+
 def run(cfg: DictConfig) -> Path:
+    """The Hydra task: prepare ``cfg.data``; a data error or a failed write ends in one ``error:`` line."""
     from mars.data.prepare import prepare
 
     data_cfg: DataConfig = OmegaConf.to_object(cfg.data)
     try:
         return prepare(data_cfg)
     except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        fail(str(e))
+    except OSError as e:  # e.g. no space left or no permission under data.root: the message names the file
+        fail(f"{e}; fix that path (free space, permissions) or choose another data.root")
 
 
 def main() -> None:

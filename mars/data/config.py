@@ -25,6 +25,9 @@ class DataConfig:
     format: str | None = None  # text | jsonl | parquet (inferred from suffix when None)
     text_field: str = "text"
     text_sample_by: str = "document"  # text files: one document per file (document) | paragraph | line
+    # a document that cannot be read (not UTF-8 text, a jsonl line that is not a JSON object with a string
+    # text field, a null parquet value) stops preparation, naming it; true skips and counts such documents
+    skip_bad_documents: bool = False
     # shards and split
     val_tokens: int = 20_000  # held-out validation tokens, taken first from the document stream
     shard_tokens: int = 100_000_000

@@ -19,5 +19,16 @@ class ShardError(ManifestError):
     """A token shard disagrees with its manifest (size, dtype, checksum) or holds out-of-range token ids."""
 
 
+class DamagedShardError(ShardError):
+    """A shard is missing or its bytes are not the recorded ones: the prepare command rebuilds it."""
+
+
 class SourceError(DataError):
     """A document source is misconfigured: unknown name, no files, a missing text field, unreadable input."""
+
+
+class SourceChangedError(SourceError):
+    """Regenerating a recorded shard gave other bytes: the source documents changed since they were prepared.
+
+    Raised instead of writing a different dataset under the old manifest (or progress record).
+    """

@@ -4,9 +4,11 @@ Layout of a prepared dataset directory (``dataset_dir(cfg)``)::
 
     val_000000.bin ...     the held-out split: the first data.val_tokens tokens of the document stream
     train_000000.bin ...   everything after it, data.shard_tokens tokens per shard (the last one shorter)
-    progress.json          finished shards and where in the document stream each one ends (for resuming)
+    progress.json          finished shards and where in the document stream each one ends (for resuming
+                           and for rebuilding a damaged shard)
     manifest.json          written last: tokenizer, vocab size, dtype, source + config, tokens and sha256
-                           per shard. A directory without it is not a dataset.
+                           per shard, skipped bad documents. A directory without it is not a dataset.
+    .verified.json         shards whose sha256 was checked, by size and mtime (mars.data.integrity)
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -107,7 +108,35 @@ def requested_config(cfg: DataConfig) -> dict[str, Any]:
         if cfg.format in (None, "text"):
             out["sample_by"] = cfg.text_sample_by
     out.update(val_tokens=cfg.val_tokens, shard_tokens=cfg.shard_tokens, token_budget=cfg.token_budget)
+    # Recorded, never compared: with it or without, a source gives the same shards or (without it, on a
+    # bad document) none. The recorded value lets a rebuild skip the same documents again.
+    out["skip_bad_documents"] = bool(cfg.skip_bad_documents)
     return out
+
+
+# requested_config() key -> DataConfig field, where they differ.
+_RECORDED_FIELDS = {"split": "hf_split", "revision": "hf_revision", "sample_by": "text_sample_by"}
+
+
+def config_from_manifest(directory: Path, recorded: dict[str, Any]) -> DataConfig:
+    """A DataConfig that prepares ``directory`` as its manifest's "config" records it.
+
+    For advice when only the directory is known (``open_dir``): its prepare command rebuilds it.
+    """
+    name = str(recorded.get("name", "embedded"))
+    values = group_defaults(name)
+    known = {f.name for f in dataclasses.fields(DataConfig)}
+    for key, value in recorded.items():
+        key = _RECORDED_FIELDS.get(key, key)
+        if key in known:
+            values[key] = value
+    values["name"] = name
+    cfg = DataConfig(**{k: v for k, v in values.items() if k in known})
+    cfg.root, cfg.dir = "data", None
+    if dataset_dir(cfg).resolve() != directory.resolve():
+        cfg.root = str(directory.parent.resolve())
+        cfg.dir = None if directory.name == name else directory.name
+    return cfg
 
 
 def config_differences(recorded: dict[str, Any], wanted: dict[str, Any], keys) -> list[str]:
@@ -140,19 +169,29 @@ def _hydra_value(value: Any, in_list: bool = False) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def prepare_command(cfg: DataConfig) -> str:
-    """The ``scripts/prepare_data.py`` command line that prepares exactly ``cfg``'s dataset."""
-    cfg = as_data_config(cfg)
-    defaults = dataclasses.asdict(DataConfig())
-    group = f"data={cfg.name}"
+def _group_file(name: str) -> Path | None:
+    """configs/data/NAME.yaml of the checkout, when there is one."""
     root = project_root()
-    group_file = root / "configs" / "data" / f"{cfg.name}.yaml" if root else None
-    if group_file is not None and group_file.is_file():
+    path = root / "configs" / "data" / f"{name}.yaml" if root else None
+    return path if path is not None and path.is_file() else None
+
+
+def group_defaults(name: str) -> dict[str, Any]:
+    """The values ``data=NAME`` starts from: the DataConfig defaults, then configs/data/NAME.yaml."""
+    defaults = dataclasses.asdict(DataConfig())
+    group_file = _group_file(name)
+    if group_file is not None:
         import yaml
 
         defaults.update(yaml.safe_load(group_file.read_text()) or {})
-    else:
-        group = f"data.name={_hydra_value(cfg.name)}"
+    return defaults
+
+
+def prepare_command(cfg: DataConfig) -> str:
+    """The ``scripts/prepare_data.py`` command line that prepares exactly ``cfg``'s dataset."""
+    cfg = as_data_config(cfg)
+    defaults = group_defaults(cfg.name)
+    group = f"data={cfg.name}" if _group_file(cfg.name) else f"data.name={_hydra_value(cfg.name)}"
     from mars.data.sources import HF_DEFAULTS
 
     hf_defaults = HF_DEFAULTS.get(cfg.name, {})
@@ -202,14 +241,6 @@ def dir_lock(directory: Path):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def clear(directory: Path) -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 from mars.data.config import DataConfig
-from mars.data.errors import DataNotPreparedError, ManifestError
+from mars.data.errors import DataNotPreparedError, ManifestError, SourceChangedError
 from mars.data.layout import (
     IDENTITY_KEYS,
     MANIFEST,
@@ -26,7 +27,7 @@ from mars.data.layout import (
     read_json,
     requested_config,
 )
-from mars.data.writer import summary, write_shards
+from mars.data.writer import repair_shards, summary, write_shards
 
 __all__ = ["dataset_dir", "ensure_prepared", "prepare", "prepare_command"]
 
@@ -43,11 +44,13 @@ def _manifest_matches(path: Path, cfg: DataConfig) -> bool:
 
 
 def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
-    """Prepare ``cfg``'s dataset (resuming an interrupted run) and return its directory.
+    """Prepare ``cfg``'s dataset, resuming an interrupted run or repairing a finished one; return its dir.
 
-    A directory that already holds this dataset is returned untouched. One that holds a different
-    dataset raises ManifestError, except for the embedded corpus, which is rebuilt (it is derived
-    from the Python install and takes seconds).
+    A directory that already holds this dataset has every shard checked (sizes; sha256 unless
+    ``.verified.json`` vouches for the file) and any missing or damaged one rebuilt from the source,
+    one line printed per repaired shard. One that holds a different dataset raises ManifestError,
+    except for the embedded corpus, which is rebuilt (it is derived from the Python install and takes
+    seconds) -- as it is when it cannot be repaired in place.
     """
     from mars.data.sources import get_source
 
@@ -55,19 +58,42 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
 
     out = dataset_dir(cfg)
     wanted = requested_config(cfg)
+    hint = (
+        f"restore the source files as they were, or delete {out} and run `{prepare_command(cfg)}` "
+        f"to prepare it from the current ones"
+    )
+    sizes = dict(val_tokens=cfg.val_tokens, shard_tokens=cfg.shard_tokens, token_budget=cfg.token_budget)
     with dir_lock(out):
         manifest = out / MANIFEST
         if manifest.is_file():
             recorded = read_json(manifest).get("config", {})
             diffs = config_differences(recorded, wanted, IDENTITY_KEYS + SIZE_KEYS)
-            if not diffs:
-                print(f"{summary(out, read_json(manifest))} (already prepared)", flush=True)
-                return out
-            if cfg.name != "embedded":
+            if diffs and cfg.name != "embedded":
                 raise ManifestError(
                     f"{manifest}: {out} already holds a different preparation ({'; '.join(diffs)}). "
                     f"Delete {out} or choose another data.dir."
                 )
+            if not diffs:
+                # a rebuilt shard must skip the documents its preparation skipped, whatever cfg says
+                skip = cfg.skip_bad_documents or bool(recorded.get("skip_bad_documents"))
+                try:
+                    repaired = repair_shards(
+                        lambda: get_source(replace(cfg, skip_bad_documents=skip)),
+                        out,
+                        **sizes,
+                        workers=cfg.num_workers,
+                        progress_bar=progress_bar,
+                        hint=hint,
+                    )
+                except (SourceChangedError, ManifestError) as e:
+                    if cfg.name != "embedded":
+                        raise
+                    log.warning("%s; rebuilding the embedded corpus", e)
+                    clear(out)
+                else:
+                    note = f"{len(repaired)} shard(s) repaired" if repaired else "already prepared"
+                    print(f"{summary(out, read_json(manifest))} ({note})", flush=True)
+                    return out
         if cfg.name == "embedded":
             progress = out / PROGRESS
             stale = manifest.is_file() or (
@@ -80,16 +106,19 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
                 log.info("rebuilding the embedded corpus in %s for %s", out, wanted)
                 clear(out)
         source = get_source(cfg)
-        write_shards(
-            source,
-            out,
-            wanted,
-            val_tokens=cfg.val_tokens,
-            shard_tokens=cfg.shard_tokens,
-            token_budget=cfg.token_budget,
-            workers=cfg.num_workers,
-            progress_bar=progress_bar,
-        )
+        try:
+            write_shards(
+                source, out, wanted, **sizes, workers=cfg.num_workers, progress_bar=progress_bar, hint=hint
+            )
+        except SourceChangedError as e:
+            if cfg.name != "embedded":
+                raise
+            # the Python install changed under an interrupted preparation: start over from this one
+            log.warning("%s; rebuilding the embedded corpus", e)
+            clear(out)
+            write_shards(
+                get_source(cfg), out, wanted, **sizes, workers=cfg.num_workers, progress_bar=progress_bar
+            )
     return out
 
 

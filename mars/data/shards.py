@@ -9,13 +9,15 @@ Checks, each failing with the file and the problem named:
 Hashing a large dataset takes a while, so with ``verify="cached"`` (the default) the result of a
 successful check is kept in ``.verified.json`` next to the shards, keyed by file size and mtime:
 a shard that was rewritten, truncated or edited since is hashed again. ``verify="full"`` always
-hashes.
+hashes. The check is mars.data.integrity's, the one the prepare command repairs by: a missing or
+damaged shard's error names the exact prepare command, which rebuilds just the damaged shards.
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,20 +25,23 @@ from typing import Any
 import numpy as np
 
 from mars.data.config import DataConfig
-from mars.data.errors import ManifestError, ShardError
+from mars.data.errors import DamagedShardError, ManifestError, ShardError
+from mars.data.integrity import VERIFIED, VerifiedCache, check_shard_file
 from mars.data.layout import (
     DTYPE,
     FORMAT_VERSION,
     MANIFEST,
     SPLITS,
     as_data_config,
+    config_from_manifest,
+    prepare_command,
     read_json,
-    write_json_atomic,
 )
-from mars.data.prepare import ensure_prepared
+from mars.data.prepare import ensure_prepared, prepare
 
-VERIFIED = ".verified.json"
-_HASH_CHUNK = 1 << 23  # tokens per read while hashing (16 MiB)
+__all__ = ["VERIFIED", "TokenDataset", "open_dataset", "open_dir", "read_manifest"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -88,59 +93,26 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def _hash_and_max(path: Path, tokens: int) -> tuple[str, int]:
-    data = np.memmap(path, dtype=np.uint16, mode="r", shape=(tokens,))
-    h = hashlib.sha256()
-    top = 0
-    for i in range(0, tokens, _HASH_CHUNK):
-        chunk = np.asarray(data[i : i + _HASH_CHUNK])
-        h.update(memoryview(chunk))
-        top = max(top, int(chunk.max()))
-    del data
-    return h.hexdigest(), top
-
-
-def _load_cache(directory: Path) -> dict[str, Any]:
-    try:
-        return read_json(directory / VERIFIED)
-    except ManifestError:
-        return {}
+def _prepare_command(directory: Path, manifest: dict[str, Any], cfg: DataConfig | None) -> str:
+    """The command that rebuilds ``directory``: ``cfg``'s, or one made from the manifest's record."""
+    return prepare_command(
+        cfg if cfg is not None else config_from_manifest(directory, manifest.get("config", {}))
+    )
 
 
 def check_shard(
-    path: Path, entry: dict[str, Any], vocab_size: int, cache: dict[str, Any], verify: str
-) -> bool:
-    """Validate one shard against its manifest entry; returns True when ``cache`` was updated."""
-    tokens = int(entry["tokens"])
-    if not path.is_file():
-        raise ShardError(f"{path} is missing (listed in {path.parent / MANIFEST}); prepare the dataset again")
-    size = path.stat().st_size
-    if size != 2 * tokens:
-        if size == 4 * tokens:
-            problem = f"holds {size} bytes = 4 bytes per token (uint32?) but the manifest says {DTYPE}"
-        else:
-            problem = f"has {size} bytes but the manifest lists {tokens} {DTYPE} tokens = {2 * tokens} bytes"
-        raise ShardError(f"{path}: {problem}. Delete it and re-run the prepare command.")
-    stat = path.stat()
-    key = path.name
-    cached = cache.get(key)
-    fresh = (
-        verify == "cached"
-        and isinstance(cached, dict)
-        and cached.get("size") == size
-        and cached.get("mtime_ns") == stat.st_mtime_ns
-        and cached.get("sha256") == entry["sha256"]
-    )
-    if fresh:
-        top = int(cached["max_token"])
-    else:
-        digest, top = _hash_and_max(path, tokens)
-        if digest != entry["sha256"]:
-            raise ShardError(
-                f"{path}: sha256 {digest} does not match the manifest's {entry['sha256']}: "
-                f"the file is corrupted "
-                f"or was changed. Delete it and re-run the prepare command (finished shards are kept)."
-            )
+    path: Path,
+    entry: dict[str, Any],
+    vocab_size: int,
+    cache: VerifiedCache,
+    command: Callable[[], str],
+) -> None:
+    """Validate one shard against its manifest entry; ``command()`` is the prepare command rebuilding it."""
+    check = check_shard_file(path, int(entry["tokens"]), entry["sha256"], cache)
+    if not check.ok:
+        raise DamagedShardError(f"{check.message}. Run `{command()}` to rebuild it (intact shards are kept).")
+    top = check.max_token
+    assert top is not None  # an intact shard's largest token id is known (hashed or cached)
     if top >= vocab_size:
         raise ShardError(
             f"{path}: holds token id {top} >= vocab_size {vocab_size}. "
@@ -148,36 +120,53 @@ def check_shard(
             f"or the model's vocabulary is too small; prepare the data with the GPT-2 tokenizer or raise "
             f"model.vocab_size."
         )
-    if not fresh:
-        cache[key] = {"size": size, "mtime_ns": stat.st_mtime_ns, "sha256": entry["sha256"], "max_token": top}
-        return True
-    return False
 
 
-def open_dir(directory: str | os.PathLike, vocab_size: int = 50304, verify: str = "cached") -> TokenDataset:
-    """Validate and memory-map the prepared dataset in ``directory``."""
+def open_dir(
+    directory: str | os.PathLike,
+    vocab_size: int = 50304,
+    verify: str = "cached",
+    cfg: DataConfig | None = None,
+) -> TokenDataset:
+    """Validate and memory-map the prepared dataset in ``directory``.
+
+    ``cfg``, the config it was prepared from, makes the advice on a damaged shard name the exact
+    prepare command; without it the command is rebuilt from the manifest's record.
+    """
     if verify not in ("cached", "full"):
         raise ManifestError(f"data.verify={verify!r} is not one of cached, full")
     directory = Path(directory)
     manifest = read_manifest(directory)
-    cache = _load_cache(directory) if verify == "cached" else {}
-    changed = False
+    cache = VerifiedCache(directory, enabled=verify == "cached")
     arrays: dict[str, list[np.memmap]] = {}
-    for split in SPLITS:
-        arrays[split] = []
-        for entry in manifest["splits"][split]["shards"]:
-            path = directory / entry["file"]
-            changed |= check_shard(path, entry, vocab_size, cache, verify)
-            arrays[split].append(np.memmap(path, dtype=np.uint16, mode="r", shape=(int(entry["tokens"]),)))
-    if changed and verify == "cached":
-        try:
-            write_json_atomic(directory / VERIFIED, cache)
-        except OSError:  # a read-only dataset directory: verification simply is not cached
-            pass
+    try:
+        for split in SPLITS:
+            arrays[split] = []
+            for entry in manifest["splits"][split]["shards"]:
+                path = directory / entry["file"]
+                check_shard(
+                    path, entry, vocab_size, cache, lambda: _prepare_command(directory, manifest, cfg)
+                )
+                shape = (int(entry["tokens"]),)
+                arrays[split].append(np.memmap(path, dtype=np.uint16, mode="r", shape=shape))
+    finally:
+        cache.save()  # what did verify is remembered even when a later shard fails
     return TokenDataset(path=directory, manifest=manifest, train=arrays["train"], val=arrays["val"])
 
 
 def open_dataset(cfg: DataConfig, vocab_size: int = 50304) -> TokenDataset:
-    """Prepare ``cfg``'s dataset if it is the embedded corpus, then validate and memory-map its shards."""
+    """Prepare ``cfg``'s dataset if it is the embedded corpus, then validate and memory-map its shards.
+
+    A damaged shard of the embedded corpus is rebuilt on the spot (it takes seconds); any other
+    dataset's raises DamagedShardError naming the prepare command that rebuilds it.
+    """
     cfg = as_data_config(cfg)
-    return open_dir(ensure_prepared(cfg), vocab_size=vocab_size, verify=cfg.verify)
+    directory = ensure_prepared(cfg)
+    try:
+        return open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)
+    except DamagedShardError:
+        if cfg.name != "embedded":
+            raise
+        log.warning("the embedded corpus in %s has a missing or damaged shard: rebuilding it", directory)
+        prepare(cfg)
+        return open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)

@@ -4,26 +4,49 @@ A source is chosen by ``data.name``:
     embedded     English prose shipped inside Python (mars.data.embedded), no network
     openwebtext  Hugging Face "Skylion007/openwebtext"
     fineweb_edu  Hugging Face "HuggingFaceFW/fineweb-edu" sample-10BT | sample-100BT | sample-350BT, streamed
-    local        text, jsonl or parquet files given by paths or globs, read through datasets' packaged loaders
+    local        text, jsonl or parquet files given by paths or globs, read here file by file
 
 ``Source.batches(start)`` yields lists of document texts beginning at document index ``start``, so
 an interrupted preparation resumes without re-tokenizing what it already wrote.
+
+Bad documents. A document that cannot be read -- a text file (or line, or paragraph) that is not
+UTF-8 text, a jsonl line that is not a JSON object with a string text field, a parquet row whose
+text is null -- stops the preparation with one line naming the file and line. With
+``data.skip_bad_documents=true`` it is yielded as "" instead (no tokens, like a blank line) and
+recorded in ``Source.skipped``. Either way it keeps its document index: indices count every
+document of the stream, so the same index names the same document on every run and a resumed
+preparation continues exactly where the interrupted one stopped.
+
+The local files are read here rather than by ``datasets``' packaged loaders so that errors can
+name the line and a bad line can be skipped; for valid files the documents are the ones those
+loaders give (text: universal newlines, ``sample_by`` document | paragraph | line; jsonl: blank
+lines ignored, a leading BOM dropped, a file that is one JSON array read as its items; parquet:
+rows in order), which keeps datasets prepared before this reader rebuildable.
 """
 
 from __future__ import annotations
 
+import bz2
 import glob
+import gzip
+import io
+import itertools
 import json
+import lzma
 import os
-from collections.abc import Iterator
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from mars.data.config import DataConfig
 from mars.data.errors import SourceError
 
 BATCH_DOCS = 512
+BATCH_CHARS = 8 << 20  # a batch also ends here: whole-file documents can be large
+_PARAGRAPH_CHUNK = 8 << 20  # characters read at a time when splitting a text file into paragraphs
 
 HF_DEFAULTS = {
     "openwebtext": {"hf_path": "Skylion007/openwebtext", "hf_config": None},
@@ -32,7 +55,6 @@ HF_DEFAULTS = {
 FINEWEB_EDU_CONFIGS = ("sample-10BT", "sample-100BT", "sample-350BT")
 SOURCES = ("embedded", "openwebtext", "fineweb_edu", "local")
 
-# File suffix -> datasets' packaged builder.
 _SUFFIX_FORMAT = {
     ".txt": "text",
     ".text": "text",
@@ -42,9 +64,31 @@ _SUFFIX_FORMAT = {
     ".ndjson": "jsonl",
     ".parquet": "parquet",
 }
-_BUILDER = {"text": "text", "jsonl": "json", "parquet": "parquet"}
-_COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+FORMATS = ("text", "jsonl", "parquet")
+# Compressed-file suffix -> (codec, the package that reads it when it is not in the standard library).
+_COMPRESSION = {
+    ".gz": ("gzip", None),
+    ".gzip": ("gzip", None),
+    ".bz2": ("bz2", None),
+    ".xz": ("xz", None),
+    ".zst": ("zstd", "zstandard"),
+    ".zstd": ("zstd", "zstandard"),
+    ".lz4": ("lz4", "lz4"),
+}
+# Leading bytes of files that are not text: named when such a file fails to decode.
+_MAGIC = {
+    b"\x1f\x8b": "gzip file (name it .gz)",
+    b"BZh": "bzip2 file (name it .bz2)",
+    b"\xfd7zXZ\x00": "xz file (name it .xz)",
+    b"\x28\xb5\x2f\xfd": "zstd file (name it .zst)",
+    b"\x04\x22\x4d\x18": "lz4 file (name it .lz4)",
+    b"PK\x03\x04": "zip archive (extract it)",
+    b"PAR1": "parquet file (name it .parquet)",
+}
 _SAMPLE_BY = ("document", "paragraph", "line")
+SKIP_EXAMPLES = 10  # skipped documents listed by location (progress.json, the manifest)
+_BOM = b"\xef\xbb\xbf"
+_SKIP_HINT = "pass data.skip_bad_documents=true to skip bad documents"
 
 
 def load_dataset(*args, **kwargs):
@@ -54,16 +98,78 @@ def load_dataset(*args, **kwargs):
     return datasets.load_dataset(*args, **kwargs)
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+@dataclass(frozen=True)
+class BadDocument:
+    """A document that could not be read, skipped under ``data.skip_bad_documents=true``."""
+
+    index: int  # its document index in the stream
+    where: str  # e.g. "corpus/a.jsonl line 17"
+    problem: str  # e.g. "not valid JSON (Expecting ',' delimiter at column 12)"
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.problem}"
+
+
+class SkipLog:
+    """The documents a source skipped: their indices as runs of consecutive ones, the first few in full.
+
+    Memory stays small however many are skipped (a binary file read by line is one run of bad
+    lines). The shard writer takes the count before each finished shard's end (``take_before``).
+    """
+
+    def __init__(self) -> None:
+        self.runs: deque[list[int]] = deque()  # [first, last] document indices, in stream order
+        self.first: list[BadDocument] = []  # the first SKIP_EXAMPLES in full
+
+    def add(self, bad: BadDocument) -> None:
+        if self.runs and self.runs[-1][1] == bad.index - 1:
+            self.runs[-1][1] = bad.index
+        else:
+            self.runs.append([bad.index, bad.index])
+        if len(self.first) < SKIP_EXAMPLES:
+            self.first.append(bad)
+
+    def take_before(self, document: int) -> int:
+        """Forget the skipped documents before index ``document``; returns how many there were."""
+        taken = 0
+        while self.runs and self.runs[0][0] < document:
+            first, last = self.runs[0]
+            if last < document:
+                self.runs.popleft()
+                taken += last - first + 1
+            else:
+                self.runs[0][0] = document
+                taken += document - first
+        return taken
+
+
 class Source:
     """Documents in a fixed order. ``describe()`` is what the manifest records about the source."""
 
     name: str
+    skip_bad_documents: bool = False
 
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def batches(self, start: int = 0) -> Iterator[list[str]]:
         raise NotImplementedError
+
+    @property
+    def skipped(self) -> SkipLog:
+        """The bad documents skipped so far; the shard writer counts them as shards finish."""
+        return self.__dict__.setdefault("_skipped", SkipLog())
+
+    def bad_document(self, index: int, where: str, problem: str, fix: str) -> str:
+        """Stop on a bad document (one line: where, what, ``fix``), or skip it: "" holds its place."""
+        if not self.skip_bad_documents:
+            raise SourceError(f"{where}: {problem}; {fix}, or {_SKIP_HINT}")
+        self.skipped.add(BadDocument(index, where, problem))
+        return ""
 
 
 @dataclass
@@ -95,21 +201,15 @@ def embedded_source(cfg: DataConfig) -> ListSource:
     return ListSource(docs, info, name="embedded")
 
 
-def _text_column(batch: dict[str, list], text_field: str, where: str) -> list[str]:
-    if text_field not in batch:
-        raise SourceError(
-            f"{where} has no field {text_field!r} (fields: {sorted(batch)}). "
-            f"Set data.text_field to the field that holds the text."
-        )
-    texts = batch[text_field]
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise SourceError(
-                f"{where}: a record has {text_field!r} = {text!r} ({type(text).__name__}), "
-                f"expected a string. "
-                f"Set data.text_field to a text field or drop such records (record {i} of a batch)."
-            )
-    return texts
+def _json_type(value: Any) -> str:
+    """``value``'s type in JSON's words, for messages about records."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {dict: "an object", list: "an array", str: "a string", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
 
 
 @dataclass
@@ -123,6 +223,7 @@ class HFSource(Source):
     streaming: bool
     revision: str | None
     text_field: str
+    skip_bad_documents: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -153,12 +254,41 @@ class HFSource(Source):
                 ) from e
             raise
 
+    def _texts(self, batch: dict[str, list], first: int, where: str) -> list[str]:
+        if self.text_field not in batch:
+            raise SourceError(
+                f"{where} has no field {self.text_field!r} (fields: {sorted(batch)}). "
+                f"Set data.text_field to the field that holds the text."
+            )
+        return [
+            text
+            if isinstance(text, str)
+            else self.bad_document(
+                first + i,
+                f"{where} record {first + i}",
+                f"{self.text_field!r} is {_json_type(text)}, not a string",
+                "set data.text_field to a text field",
+            )
+            for i, text in enumerate(batch[self.text_field])
+        ]
+
     def batches(self, start: int = 0) -> Iterator[list[str]]:
         ds = self._load()  # now, not on first iteration: a bad name or no network fails before any work
         if start:
             ds = ds.skip(start)
         where = f"Hugging Face dataset {self.hf_path!r} ({self.hf_config or 'default'}/{self.split})"
-        return (_text_column(batch, self.text_field, where) for batch in ds.iter(batch_size=BATCH_DOCS))
+
+        def generate() -> Iterator[list[str]]:
+            index = start
+            for batch in ds.iter(batch_size=BATCH_DOCS):
+                texts = self._texts(batch, index, where)
+                index += len(texts)
+                yield texts
+
+        return generate()
+
+
+# ----------------------------------------------------------------------------- local files
 
 
 def resolve_paths(patterns: list[str]) -> list[Path]:
@@ -184,11 +314,16 @@ def resolve_paths(patterns: list[str]) -> list[Path]:
     return unique
 
 
+def _compression_suffix(path: Path) -> str | None:
+    suffix = path.suffix.lower()
+    return suffix if suffix in _COMPRESSION else None
+
+
 def infer_format(path: Path) -> str:
     name = path.name.lower()
-    for ext in _COMPRESSION:
-        if name.endswith(ext):
-            name = name[: -len(ext)]
+    suffix = _compression_suffix(path)
+    if suffix:
+        name = name[: -len(suffix)]
     fmt = _SUFFIX_FORMAT.get(Path(name).suffix)
     if fmt is None:
         raise SourceError(
@@ -198,22 +333,80 @@ def infer_format(path: Path) -> str:
     return fmt
 
 
-def _first_json_record(path: Path) -> dict | None:
-    import fsspec
+def open_binary(path: Path) -> IO[bytes]:
+    """``path`` opened for reading bytes, decompressed by its suffix (.gz .bz2 .xz .zst .lz4)."""
+    suffix = _compression_suffix(path)
+    codec, package = _COMPRESSION[suffix] if suffix else (None, None)
+    try:
+        if codec is None:
+            return open(path, "rb")
+        if codec == "gzip":
+            return gzip.open(path, "rb")
+        if codec == "bz2":
+            return bz2.open(path, "rb")
+        if codec == "xz":
+            return lzma.open(path, "rb")
+        if codec == "zstd":
+            import zstandard
 
-    with fsspec.open(str(path), "rt", compression="infer", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SourceError(f"{path}: the first record is not valid JSON ({e})") from e
-                if not isinstance(record, dict):
-                    raise SourceError(
-                        f"{path}: records must be JSON objects, the first one is {type(record).__name__}"
-                    )
-                return record
+            raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True)
+            return io.BufferedReader(raw)
+        import lz4.frame
+
+        return lz4.frame.open(path, "rb")
+    except ImportError as e:
+        raise SourceError(
+            f"{path}: reading {suffix} files needs the {package} package: pip install {package}"
+        ) from e
+    except OSError as e:
+        raise SourceError(
+            f"{path}: cannot be opened ({_one_line(e)}); check that it is a readable file"
+        ) from e
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What a damaged or mislabeled compressed file raises while it is read."""
+    errors: list[type[BaseException]] = [OSError, EOFError, zlib.error, lzma.LZMAError]
+    try:
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _not_text(text: str, at_file_start: bool) -> tuple[int, str] | None:
+    """(offset, problem) of the first thing in ``text`` that shows it is not UTF-8 text, or None.
+
+    ``text`` was decoded with errors="surrogateescape", so each byte that is not UTF-8 is a lone
+    surrogate U+DC80..U+DCFF (strict UTF-8 decoding never yields one). A NUL is valid UTF-8 but does
+    not occur in text: it marks binary data, or UTF-16 text.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        problem = f"not UTF-8 text (byte 0x{ord(text[e.start]) - 0xDC00:02x})"
+        if at_file_start and e.start < 16:  # a compressed or binary format's header fails at once
+            head = text[:8].encode("utf-8", "surrogateescape")
+            kind = next((k for magic, k in _MAGIC.items() if head.startswith(magic)), None)
+            if kind:
+                problem += f", it looks like a {kind}"
+        return e.start, problem
+    nul = text.find("\x00")
+    if nul >= 0:
+        return nul, "holds a NUL byte: binary data or UTF-16 text, not UTF-8 text"
     return None
+
+
+@dataclass(frozen=True)
+class _Bad:
+    """A jsonl item that is not a JSON object: what is wrong with it."""
+
+    problem: str
+
+
+_LINE_FIX = "fix the line"
 
 
 @dataclass
@@ -226,6 +419,7 @@ class LocalSource(Source):
     text_field: str
     sample_by: str
     name: str = "local"
+    skip_bad_documents: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -237,43 +431,283 @@ class LocalSource(Source):
             **({"sample_by": self.sample_by} if self.format == "text" else {}),
         }
 
+    # ------------------------------------------------------------------ checks before any work
+
     def check(self) -> None:
-        """Fail before any work when a file lacks the text field (first record / parquet schema)."""
+        """Fail before any work on a file that cannot be opened or lacks the text field."""
         for path in self.files:
             if self.format == "jsonl":
-                record = _first_json_record(path)
-                if record is not None and self.text_field not in record:
-                    raise SourceError(
-                        f"{path}: records have no field {self.text_field!r} (fields: {sorted(record)}). "
-                        f"Set data.text_field to the field that holds the text."
-                    )
+                self._check_jsonl(path)
             elif self.format == "parquet":
-                import pyarrow.parquet as pq
+                self._check_parquet(path)
+            else:
+                open_binary(path).close()
 
-                try:
-                    names = pq.read_schema(path).names
-                except Exception as e:
-                    raise SourceError(f"{path}: not a readable parquet file ({e})") from e
-                if self.text_field not in names:
-                    raise SourceError(
-                        f"{path}: parquet columns {names} do not include {self.text_field!r}. "
-                        f"Set data.text_field to the column that holds the text."
-                    )
+    def _check_jsonl(self, path: Path, records: int = 100) -> None:
+        """The first ``records`` JSON objects of ``path``: none holding the text field is a config error."""
+        first: dict | None = None
+        seen = 0
+        try:
+            for index, where, item in self._jsonl_items(path, 0, 0):
+                if isinstance(item, _Bad):
+                    if not self.skip_bad_documents:
+                        self.bad_document(index, where, item.problem, _LINE_FIX)
+                    continue
+                if self.text_field in item:
+                    return
+                first = item if first is None else first
+                seen += 1
+                if seen == records:
+                    break
+        except _read_errors() as e:
+            raise self._unreadable(path, e) from e
+        if first is not None:
+            raise SourceError(
+                f"{path}: records have no field {self.text_field!r} (fields: {sorted(first)}). "
+                f"Set data.text_field to the field that holds the text."
+            )
 
-    def _file_dataset(self, path: Path):
-        kwargs = {"sample_by": self.sample_by} if self.format == "text" else {}
-        return load_dataset(
-            _BUILDER[self.format], data_files=[str(path)], split="train", streaming=True, **kwargs
+    def _parquet_file(self, path: Path):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(path)
+        except Exception as e:  # pyarrow reports a damaged footer in several exception types
+            raise SourceError(
+                f"{path}: not a readable parquet file ({_one_line(e)}); "
+                f"re-create it or remove it from data.paths"
+            ) from e
+
+    def _check_parquet(self, path: Path) -> None:
+        import pyarrow as pa
+
+        schema = self._parquet_file(path).schema_arrow
+        names = schema.names
+        if self.text_field not in names:
+            raise SourceError(
+                f"{path}: parquet columns {names} do not include {self.text_field!r}. "
+                f"Set data.text_field to the column that holds the text."
+            )
+        kind = schema.field(self.text_field).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"):
+            raise SourceError(
+                f"{path}: parquet column {self.text_field!r} holds {kind}, not text. "
+                f"Set data.text_field to the column that holds the text."
+            )
+
+    def _unreadable(self, path: Path, error: BaseException) -> SourceError:
+        return SourceError(
+            f"{path}: cannot be read ({type(error).__name__}: {_one_line(error)}): it is damaged or not what "
+            f"its suffix says; re-create it or remove it from data.paths"
         )
 
+    # ------------------------------------------------------------------ reading
+
     def batches(self, start: int = 0) -> Iterator[list[str]]:
-        index = 0  # global index of the next document
+        read: Callable[[Path, int, int], Iterator[str | None]] = {
+            "text": self._text_documents,
+            "jsonl": self._jsonl_documents,
+            "parquet": self._parquet_documents,
+        }[self.format]
+        batch: list[str] = []
+        chars = index = 0
+        errors = _read_errors()
         for path in self.files:
-            for batch in self._file_dataset(path).iter(batch_size=BATCH_DOCS):
-                texts = _text_column(batch, self.text_field, str(path))
-                if index + len(texts) > start:
-                    yield texts[max(0, start - index) :]
-                index += len(texts)
+            try:
+                for doc in read(path, index, start):
+                    index += 1
+                    if doc is None:
+                        continue
+                    batch.append(doc)
+                    chars += len(doc)
+                    if len(batch) == BATCH_DOCS or chars >= BATCH_CHARS:
+                        yield batch
+                        batch, chars = [], 0
+            except errors as e:
+                raise self._unreadable(path, e) from e
+        if batch:
+            yield batch
+
+    # Each reader yields one item per document of ``path``, whose first document has index ``first``:
+    # None for a document before ``start`` (counted, not read when that can be avoided), else its text.
+
+    def _text(self, text: str, index: int, path: Path, line: int) -> str:
+        bad = _not_text(text, at_file_start=line == 1)
+        if bad is None:
+            return text
+        offset, problem = bad
+        line += text.count("\n", 0, offset)
+        return self.bad_document(
+            index,
+            f"{path} line {line}",
+            problem,
+            "convert it to UTF-8 text or remove the file from data.paths",
+        )
+
+    def _open_text(self, path: Path) -> io.TextIOWrapper:
+        # Universal newlines, as datasets' text loader reads: "\r\n" and "\r" become "\n".
+        return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="surrogateescape", newline=None)
+
+    def _text_documents(self, path: Path, first: int, start: int) -> Iterator[str | None]:
+        if self.sample_by == "document":
+            if first < start:
+                yield None
+                return
+            with self._open_text(path) as f:
+                text = f.read()
+            yield self._text(text, first, path, 1)
+            return
+        with self._open_text(path) as f:
+            if self.sample_by == "line":
+                for number, line in enumerate(f, 1):
+                    index = first + number - 1
+                    yield None if index < start else self._text(line.removesuffix("\n"), index, path, number)
+                return
+            # paragraph: the text split at "\n\n", empty pieces dropped; read in chunks that end at a line end
+            index, line, rest = first, 1, ""
+            while chunk := f.read(_PARAGRAPH_CHUNK):
+                pieces = (rest + chunk + f.readline()).split("\n\n")
+                for piece in pieces[:-1]:
+                    if piece:
+                        yield None if index < start else self._text(piece, index, path, line)
+                        index += 1
+                    line += piece.count("\n") + 2
+                rest = pieces[-1]
+            if rest:
+                yield None if index < start else self._text(rest, index, path, line)
+
+    def _jsonl_items(self, path: Path, first: int, start: int) -> Iterator[tuple[int, str, Any]]:
+        """(index, where, item) per record of ``path``: a JSON value, a _Bad, or None before ``start``.
+
+        One record per non-blank line, or per item when the whole file is one JSON array.
+        """
+        with open_binary(path) as f:
+            head = f.readline()
+            if head.startswith(_BOM):
+                head = head[len(_BOM) :]
+            if head.startswith(b"["):
+                yield from self._json_array_items(path, head + f.read(), first, start)
+                return
+            index = first
+            for number, raw in enumerate(itertools.chain((head,), f), 1):
+                if not raw or raw.isspace():
+                    continue
+                where = f"{path} line {number}"
+                if index < start:
+                    yield index, where, None
+                else:
+                    yield index, where, _parse_json_line(raw)
+                index += 1
+
+    def _json_array_items(
+        self, path: Path, data: bytes, first: int, start: int
+    ) -> Iterator[tuple[int, str, Any]]:
+        try:
+            items = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise SourceError(
+                f"{path} line {line}: not UTF-8 (byte 0x{data[e.start]:02x}); "
+                f"convert the file to UTF-8 or remove it from data.paths"
+            ) from e
+        except json.JSONDecodeError as e:
+            raise SourceError(
+                f"{path} line {e.lineno}: not valid JSON ({_json_message(e)} at column {e.colno}); the file "
+                f"starts with '[' so it is read as one JSON array: fix it, or write one JSON object per line"
+            ) from e
+        if not isinstance(items, list):
+            raise SourceError(
+                f"{path}: holds {_json_type(items)} after '[', expected a JSON array of objects"
+            )
+        for i, item in enumerate(items):
+            if isinstance(item, str):  # datasets reads an array of strings as records {"text": item}
+                item = {"text": item}
+            elif not isinstance(item, dict):
+                item = _Bad(f"{_json_type(item)}, not a JSON object")
+            index = first + i
+            yield index, f"{path} item {i}", None if index < start else item
+
+    def _jsonl_documents(self, path: Path, first: int, start: int) -> Iterator[str | None]:
+        field_name = self.text_field
+        for index, where, item in self._jsonl_items(path, first, start):
+            if item is None:
+                yield None
+            elif isinstance(item, _Bad):
+                yield self.bad_document(index, where, item.problem, _LINE_FIX)
+            elif isinstance(text := item.get(field_name), str):
+                yield text
+            elif field_name not in item:
+                fields = sorted(item)
+                listing = ", ".join(map(repr, fields[:8])) + (", ..." if len(fields) > 8 else "")
+                yield self.bad_document(
+                    index,
+                    where,
+                    f"has no field {field_name!r} (fields: {listing})",
+                    f"{_LINE_FIX} (or set data.text_field)",
+                )
+            else:
+                yield self.bad_document(
+                    index, where, f"{field_name!r} is {_json_type(text)}, not a string", _LINE_FIX
+                )
+
+    def _parquet_documents(self, path: Path, first: int, start: int) -> Iterator[str | None]:
+        import pyarrow as pa
+
+        pf = self._parquet_file(path)
+        index = first
+        for group in range(pf.num_row_groups):
+            rows = pf.metadata.row_group(group).num_rows
+            if index + rows <= start:  # a whole row group before the resume point: counted, not read
+                yield from itertools.repeat(None, rows)
+                index += rows
+                continue
+            row = index - first
+            try:
+                for batch in pf.iter_batches(
+                    batch_size=BATCH_DOCS, row_groups=[group], columns=[self.text_field]
+                ):
+                    for value in batch.column(0).to_pylist():
+                        if index < start:
+                            yield None
+                        elif isinstance(value, str):
+                            yield value
+                        else:
+                            yield self.bad_document(
+                                index,
+                                f"{path} row {row}",
+                                f"{self.text_field!r} is {_json_type(value)}, not a string",
+                                "fix the row",
+                            )
+                        index += 1
+                        row += 1
+            except (OSError, pa.ArrowException) as e:
+                raise SourceError(
+                    f"{path}: row group {group} cannot be read ({_one_line(e)}); "
+                    f"re-create the file or remove it from data.paths"
+                ) from e
+
+
+def _json_message(error: json.JSONDecodeError) -> str:
+    """The decoder's complaint without its own dangling position words ("Invalid control character at")."""
+    return error.msg.removesuffix(" at")
+
+
+def _parse_json_line(raw: bytes) -> Any:
+    """A jsonl line's record (a dict), or a _Bad saying why it is not one."""
+    try:
+        # without its line break, a line cut short inside a string is "unterminated", not "control character"
+        line = raw.rstrip(b"\r\n").decode("utf-8")
+    except UnicodeDecodeError as e:
+        return _Bad(f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        return _Bad(f"not valid JSON ({_json_message(e)} at column {e.colno})")
+    if not isinstance(record, dict):
+        return _Bad(f"{_json_type(record)}, not a JSON object")
+    return record
 
 
 def get_source(cfg: DataConfig) -> Source:
@@ -297,11 +731,12 @@ def get_source(cfg: DataConfig) -> Source:
             streaming=cfg.streaming,
             revision=cfg.hf_revision,
             text_field=cfg.text_field,
+            skip_bad_documents=cfg.skip_bad_documents,
         )
     if name == "local":
         files = resolve_paths(list(cfg.paths))
         if cfg.format is not None:
-            if cfg.format not in _BUILDER:
+            if cfg.format not in FORMATS:
                 raise SourceError(f"data.format={cfg.format!r} is not one of text, jsonl, parquet")
             fmt = cfg.format
         else:
@@ -316,7 +751,14 @@ def get_source(cfg: DataConfig) -> Source:
             raise SourceError(
                 f"data.text_sample_by={cfg.text_sample_by!r} is not one of {', '.join(_SAMPLE_BY)}"
             )
-        source = LocalSource(list(cfg.paths), files, fmt, cfg.text_field, cfg.text_sample_by)
+        source = LocalSource(
+            list(cfg.paths),
+            files,
+            fmt,
+            cfg.text_field,
+            cfg.text_sample_by,
+            skip_bad_documents=cfg.skip_bad_documents,
+        )
         source.check()
         return source
     raise SourceError(

@@ -2,9 +2,17 @@
 
 Every document is followed by <|endoftext|>. The last validation document is cut at val_tokens and
 its remainder dropped, so no document is in both splits. Shards are written under a temporary name,
-fsync'ed and renamed, and recorded in progress.json only after the rename: an interrupted run leaves
-only finished shards under final names, and a re-run verifies them (size + sha256), skips them, and
-restarts the document stream exactly where the last finished shard ends. The manifest comes last.
+fsync'ed and renamed, and recorded in progress.json (with the stream position where the next shard
+starts) only after the rename; the manifest comes last.
+
+One mechanism keeps the shards right, whether a run was interrupted or a finished shard was damaged
+later: check every recorded shard (integrity.check_shard_file: size, and sha256 unless the
+``.verified.json`` cache vouches for the file), re-read the document stream from where the first bad
+one starts, regenerate from there, and write a regenerated shard only over a bad one, after checking
+it has the recorded sha256 -- if it has not, the source changed, and SourceChangedError stops the run
+instead of putting different data under the old record. ``write_shards`` then carries on past the
+last recorded shard (resuming an interrupted preparation); ``repair_shards`` (the prepare command on
+a finished directory) stops after the last bad one.
 """
 
 from __future__ import annotations
@@ -15,13 +23,14 @@ import multiprocessing as mp
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mars.data.errors import ManifestError, SourceError
+from mars.data.errors import ManifestError, SourceChangedError, SourceError
+from mars.data.integrity import ShardCheck, VerifiedCache, check_shard_file
 from mars.data.layout import (
     DTYPE,
     FORMAT_VERSION,
@@ -33,9 +42,9 @@ from mars.data.layout import (
     TMP_RE,
     config_differences,
     read_json,
-    sha256_file,
     write_json_atomic,
 )
+from mars.data.sources import SKIP_EXAMPLES, SkipLog, Source
 from mars.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -90,13 +99,56 @@ def tokenize_batches(batches: Iterator[list[str]], workers: int) -> Iterator[tup
 # ----------------------------------------------------------------------------- shard writing
 
 
+class SkipLedger:
+    """Counts the bad documents the source skipped before each shard's end, and keeps the first few.
+
+    The source runs ahead of the writer (batches are in flight in the tokenizer pool), so a skipped
+    document is counted only once a finished shard ends after it. Each shard record then holds the
+    count of skipped documents before its end, and a run restarted from that end -- which reads the
+    stream again from there -- counts every skipped document exactly once.
+    """
+
+    def __init__(self, skips: SkipLog | None, count: int = 0, examples: list[dict[str, Any]] | None = None):
+        self.skips = skips if skips is not None else SkipLog()
+        self.count = count
+        self.examples = list(examples or [])
+        self.seen = 0  # entries of skips.first already considered
+
+    def advance(self, document: int) -> int:
+        """Count the skips before ``document`` (the end of a finished shard); returns the total so far."""
+        self.count += self.skips.take_before(document)
+        first = self.skips.first
+        while self.seen < len(first) and first[self.seen].index < document:
+            bad = first[self.seen]
+            self.seen += 1
+            if len(self.examples) < SKIP_EXAMPLES:
+                self.examples.append({"document": bad.index, "where": bad.where, "problem": bad.problem})
+        return self.count
+
+
+def _write_atomic(path: Path, data: np.ndarray) -> None:
+    """Write ``data`` to ``path`` via a fsync'ed temporary file: a shard is whole under its name or absent."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(memoryview(data))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class ShardWriter:
     """Routes the token stream into shards and writes each finished shard atomically.
 
     The first ``val_tokens`` tokens go to the val split (the document they end in is cut there and
     its remainder dropped), everything after to train, ``shard_tokens`` per shard, up to
-    ``token_budget`` train tokens. Every finished shard is recorded in progress.json together with
-    the stream position (document, token offset) where the next shard starts.
+    ``token_budget`` train tokens. Every new shard is recorded in progress.json together with the
+    stream position (document, token offset) where the next shard starts.
+
+    Regenerating: ``start`` recorded shards come before the stream position the writer starts at.
+    A shard it finishes that progress.json already records must have the recorded bytes
+    (else SourceChangedError naming ``hint``, what to do); it is written only when its index is in
+    ``rewrite`` (the recorded file is missing or damaged: ``rewrite`` maps it to the reason). With
+    ``stop_after``, the writer is complete once that recorded shard is regenerated.
     """
 
     def __init__(
@@ -106,25 +158,43 @@ class ShardWriter:
         val_tokens: int,
         shard_tokens: int,
         token_budget: int | None,
+        *,
+        start: int | None = None,
+        rewrite: dict[int, str] | None = None,
+        stop_after: int | None = None,
+        ledger: SkipLedger | None = None,
+        hint: str = "",
+        report: Callable[[str], None] = print,
     ):
         self.directory = directory
         self.progress = progress
+        self.records: list[dict[str, Any]] = progress["shards"]
+        self.next = len(self.records) if start is None else start  # index of the shard being filled
+        self.tokens = {
+            s: sum(r["tokens"] for r in self.records[: self.next] if r["split"] == s) for s in SPLITS
+        }
+        self.count = {s: sum(r["split"] == s for r in self.records[: self.next]) for s in SPLITS}
         self.shard_tokens = shard_tokens
         self.capacity = {"val": val_tokens, "train": float("inf") if token_budget is None else token_budget}
-        self.split = "val" if self.written("val") < val_tokens else "train"
+        self.split = "val" if self.tokens["val"] < val_tokens else "train"
+        self.rewrite = dict(rewrite or {})
+        self.stop_after = stop_after
+        self.ledger = ledger or SkipLedger(None)
+        self.hint = hint
+        self.report = report
+        self.rebuilt: list[str] = []
         self.buffer: np.ndarray | None = None
         self.filled = 0
-
-    def records(self, split: str) -> list[dict[str, Any]]:
-        return [r for r in self.progress["shards"] if r["split"] == split]
-
-    def written(self, split: str) -> int:
-        return sum(r["tokens"] for r in self.records(split))
 
     @property
     def done(self) -> bool:
         """True once the token budget is reached: nothing more will be written."""
-        return self.split == "train" and self.written("train") >= self.capacity["train"]
+        return self.split == "train" and self.tokens["train"] >= self.capacity["train"]
+
+    @property
+    def complete(self) -> bool:
+        """True once the last shard asked for (``stop_after``) is regenerated."""
+        return self.stop_after is not None and self.next > self.stop_after
 
     def feed(self, tokens: np.ndarray, lengths: np.ndarray, first_doc: int, start: int = 0) -> int:
         """Take ``tokens[start:]``: documents ``first_doc, first_doc + 1, ...`` of ``lengths`` tokens each.
@@ -133,8 +203,8 @@ class ShardWriter:
         """
         doc_ends = np.cumsum(lengths)
         cursor, taken = start, 0
-        while cursor < len(tokens) and not self.done:
-            left_in_split = self.capacity[self.split] - self.written(self.split) - self.filled
+        while cursor < len(tokens) and not self.done and not self.complete:
+            left_in_split = self.capacity[self.split] - self.tokens[self.split] - self.filled
             room = int(min(self.shard_tokens - self.filled, left_in_split))
             take = min(room, len(tokens) - cursor)
             if self.buffer is None:
@@ -155,42 +225,54 @@ class ShardWriter:
         return taken
 
     def finish(self, end: tuple[int, int]) -> None:
-        """Write the current shard; ``end`` = (document, token offset) where the next shard starts."""
+        """Complete the current shard; ``end`` = (document, token offset) where the next shard starts."""
         if self.filled == 0:
             return
         data = self.buffer[: self.filled]
-        name = f"{self.split}_{len(self.records(self.split)):06d}.bin"
-        tmp = self.directory / f".{name}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(memoryview(data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.directory / name)
-        self.progress["shards"].append(
-            {
-                "split": self.split,
-                "file": name,
-                "tokens": int(self.filled),
-                "sha256": hashlib.sha256(memoryview(data)).hexdigest(),
-                "max_token": int(data.max()),
-                "end": [int(end[0]), int(end[1])],
-            }
-        )
-        write_json_atomic(self.directory / PROGRESS, self.progress)
+        split, tokens = self.split, int(self.filled)
+        name = f"{split}_{self.count[split]:06d}.bin"
+        digest = hashlib.sha256(memoryview(data)).hexdigest()
+        skipped = self.ledger.advance(int(end[0]))
+        if self.next < len(self.records):  # regenerated: it must be the recorded shard
+            expected = self.records[self.next]
+            if (expected["file"], expected["tokens"], expected["sha256"]) != (name, tokens, digest):
+                raise SourceChangedError(
+                    f"{self.directory / expected['file']} cannot be rebuilt: the source now gives other "
+                    f"tokens for it ({_difference(expected, name, tokens, digest)}), so the source "
+                    f"documents changed since it was prepared; {self.hint}"
+                )
+            if self.next in self.rewrite:
+                _write_atomic(self.directory / name, data)
+                self.rebuilt.append(name)
+                self.report(f"repaired {self.directory / name} ({self.rewrite[self.next]})")
+        else:
+            _write_atomic(self.directory / name, data)
+            self.records.append(
+                {
+                    "split": split,
+                    "file": name,
+                    "tokens": tokens,
+                    "sha256": digest,
+                    "max_token": int(data.max()),
+                    "end": [int(end[0]), int(end[1])],
+                    "skipped": skipped,
+                }
+            )
+            self.progress["skipped_examples"] = self.ledger.examples
+            write_json_atomic(self.directory / PROGRESS, self.progress)
+        self.next += 1
+        self.tokens[split] += tokens
+        self.count[split] += 1
         self.buffer = None
         self.filled = 0
 
 
-def _verified_records(directory: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The longest prefix of recorded shards whose files are present and intact."""
-    kept = []
-    for r in records:
-        path = directory / r["file"]
-        if not path.is_file() or path.stat().st_size != 2 * r["tokens"] or sha256_file(path) != r["sha256"]:
-            log.warning("%s is missing or changed since it was written; preparing again from there", path)
-            break
-        kept.append(r)
-    return kept
+def _difference(expected: dict[str, Any], name: str, tokens: int, digest: str) -> str:
+    if expected["file"] != name:
+        return f"the stream now gives {name} at its place"
+    if expected["tokens"] != tokens:
+        return f"{tokens} tokens instead of {expected['tokens']}"
+    return f"sha256 {digest[:16]}... instead of {expected['sha256'][:16]}..."
 
 
 def _position_after(cursor: int, doc_ends: np.ndarray, first_doc: int) -> tuple[int, int]:
@@ -200,8 +282,96 @@ def _position_after(cursor: int, doc_ends: np.ndarray, first_doc: int) -> tuple[
     return first_doc + k, cursor - start
 
 
+def check_records(
+    directory: Path,
+    records: list[dict[str, Any]],
+    cache: VerifiedCache,
+    listed_in: str,
+    progress_bar: bool = False,
+) -> list[ShardCheck]:
+    """Check each recorded shard file (size; sha256 unless ``cache`` vouches for it) and save the cache."""
+    from tqdm import tqdm
+
+    checks = []
+    bar = tqdm(records, desc=f"checking {directory.name}", unit="shard", disable=not progress_bar, delay=1.0)
+    try:
+        for r in bar:  # hashing a never-verified multi-GB dataset takes a while: show it after a second
+            checks.append(
+                check_shard_file(directory / r["file"], int(r["tokens"]), r["sha256"], cache, listed_in)
+            )
+    finally:
+        bar.close()
+        cache.save()  # what was verified stays verified, even when interrupted
+    return checks
+
+
+def _regenerate(
+    source: Source,
+    writer: ShardWriter,
+    *,
+    workers: int,
+    progress_bar: bool,
+    total: int | None,
+    desc: str,
+) -> None:
+    """Stream ``source`` from where ``writer`` starts into it, until the stream ends or the writer is done."""
+    from tqdm import tqdm
+
+    records = writer.records
+    doc, offset = records[writer.next - 1]["end"] if writer.next else (0, 0)
+    # opens the source now: a bad name, file or network fails before any output
+    batches = iter(()) if writer.done or writer.complete else source.batches(doc)
+    bar = tqdm(
+        total=total,
+        initial=writer.tokens["val"] + writer.tokens["train"],
+        unit="tok",
+        unit_scale=True,
+        desc=desc,
+        disable=not progress_bar,
+        mininterval=1.0,
+        delay=1.0,  # a run that ends (or fails) within a second leaves no bar behind
+    )
+    writer.report = bar.write if progress_bar else writer.report
+    try:
+        for tokens, lengths in tokenize_batches(batches, workers):
+            # only the first batch of a restarted stream begins mid-document (offset > 0)
+            bar.update(writer.feed(tokens, lengths, doc, start=offset))
+            doc, offset = doc + len(lengths), 0
+            if writer.done or writer.complete:
+                break
+        if not writer.complete:
+            writer.finish((doc, 0))  # the last, shorter shard (nothing when the budget ended on a full one)
+    except BaseException:
+        bar.leave = False  # the error, not a half-finished bar, is the last thing on the terminal
+        raise
+    finally:
+        bar.close()
+    wanted = len(records) if writer.stop_after is None else writer.stop_after + 1
+    if writer.next < wanted:
+        missing = records[writer.next]["file"]
+        raise SourceChangedError(
+            f"{writer.directory / missing} cannot be rebuilt: the source now ends before it, so the "
+            f"source documents changed since it was prepared; {writer.hint}"
+        )
+
+
+def _restart_point(checks: list[ShardCheck]) -> tuple[int, dict[int, str]]:
+    """(index of the first bad shard or len(checks), {index: reason} of every bad shard)."""
+    bad = {i: c.short for i, c in enumerate(checks) if not c.ok}
+    return (min(bad) if bad else len(checks)), bad
+
+
+def _ledger(source: Source, progress: dict[str, Any], start: int) -> SkipLedger:
+    """The skip count and examples as they stood at the end of recorded shard ``start - 1``."""
+    records = progress["shards"]
+    count = int(records[start - 1].get("skipped", 0)) if start else 0
+    before = int(records[start - 1]["end"][0]) if start else 0
+    examples = [e for e in progress.get("skipped_examples", []) if e.get("document", 0) < before]
+    return SkipLedger(getattr(source, "skipped", None), count, examples)
+
+
 def write_shards(
-    source,
+    source: Source,
     directory: Path,
     config: dict[str, Any],
     *,
@@ -210,19 +380,20 @@ def write_shards(
     token_budget: int | None = None,
     workers: int = 2,
     progress_bar: bool = True,
+    hint: str | None = None,
 ) -> dict[str, Any]:
     """Tokenize ``source`` into ``directory`` (resuming a previous run there) and write the manifest.
 
     Returns the manifest. ``config`` is recorded in progress.json and the manifest; a partial run
-    recorded with a different config raises ManifestError.
+    recorded with a different config raises ManifestError. ``hint`` says what to do when a recorded
+    shard cannot be regenerated because the source changed (SourceChangedError).
     """
-    from tqdm import tqdm
-
     if shard_tokens < 1 or val_tokens < 0 or (token_budget is not None and token_budget < 1):
         raise SourceError(
             f"data.shard_tokens={shard_tokens} must be >= 1, data.val_tokens={val_tokens} >= 0 "
             f"and data.token_budget={token_budget} null or >= 1"
         )
+    hint = hint or f"restore the source as it was, or delete {directory} and prepare it again"
     directory.mkdir(parents=True, exist_ok=True)
     for p in directory.iterdir():  # temporary files of an interrupted run are never finished shards
         if TMP_RE.match(p.name):
@@ -230,6 +401,7 @@ def write_shards(
 
     progress: dict[str, Any] = {"format_version": FORMAT_VERSION, "config": config, "shards": []}
     progress_path = directory / PROGRESS
+    cache = VerifiedCache(directory)
     if progress_path.is_file():
         previous = read_json(progress_path)
         diffs = config_differences(previous.get("config", {}), config, IDENTITY_KEYS + SIZE_KEYS)
@@ -238,35 +410,41 @@ def write_shards(
                 f"{progress_path}: {directory} holds an unfinished preparation with other settings "
                 f"({'; '.join(diffs)}). Delete {directory} or choose another data.dir."
             )
-        progress["shards"] = _verified_records(directory, previous.get("shards", []))
-    writer = ShardWriter(directory, progress, val_tokens, shard_tokens, token_budget)
-    doc, offset = progress["shards"][-1]["end"] if progress["shards"] else (0, 0)
-    if progress["shards"]:
+        progress["shards"] = previous.get("shards", [])
+        progress["skipped_examples"] = previous.get("skipped_examples", [])
+    start, bad = _restart_point(check_records(directory, progress["shards"], cache, PROGRESS, progress_bar))
+    writer = ShardWriter(
+        directory,
+        progress,
+        val_tokens,
+        shard_tokens,
+        token_budget,
+        start=start,
+        rewrite=bad,
+        ledger=_ledger(source, progress, start),
+        hint=hint,
+    )
+    if start:
         log.info(
-            "resuming %s after %d finished shards (document %d)", directory, len(progress["shards"]), doc
+            "resuming %s after %d finished shards (document %d)",
+            directory,
+            start,
+            progress["shards"][start - 1]["end"][0],
         )
 
-    done = sum(r["tokens"] for r in progress["shards"])
+    before = writer.tokens["val"] + writer.tokens["train"]
     started = time.perf_counter()
-    batches = iter(()) if writer.done else source.batches(doc)  # opens the source: fails before any output
-    bar = tqdm(
+    _regenerate(
+        source,
+        writer,
+        workers=workers,
+        progress_bar=progress_bar,
         total=None if token_budget is None else val_tokens + token_budget,
-        initial=done,
-        unit="tok",
-        unit_scale=True,
         desc=f"tokenizing {directory.name}",
-        disable=not progress_bar,
-        mininterval=1.0,
     )
-    for tokens, lengths in tokenize_batches(batches, workers):
-        bar.update(
-            writer.feed(tokens, lengths, doc, start=offset)
-        )  # only a resumed first batch has offset > 0
-        doc, offset = doc + len(lengths), 0
-        if writer.done:
-            break
-    writer.finish((doc, 0))  # the last, shorter shard (nothing when the budget ended on a full one)
-    bar.close()
+    for name in writer.rebuilt:
+        cache.forget(name)
+    cache.save()
     elapsed = time.perf_counter() - started
 
     records = progress["shards"]
@@ -286,6 +464,8 @@ def write_shards(
         "config": config,
         "source": source.describe(),
         "documents": int(last_end[0]) + (1 if last_end[1] else 0),
+        "skipped_documents": int(records[-1].get("skipped", 0)),
+        "skipped_examples": [f"{e['where']}: {e['problem']}" for e in progress.get("skipped_examples", [])],
         "splits": {
             s: {
                 "tokens": sum(r["tokens"] for r in records if r["split"] == s),
@@ -299,21 +479,110 @@ def write_shards(
         },
     }
     write_json_atomic(directory / MANIFEST, manifest)
-    new_tokens = manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"] - done
+    new_tokens = manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"] - before
     print(
         f"{summary(directory, manifest)}; {new_tokens:,} tokens tokenized in {elapsed:.1f} s "
         f"({new_tokens / max(elapsed, 1e-9):,.0f} tokens/s)",
         flush=True,
     )
+    if manifest["skipped_documents"]:
+        print(skipped_line(directory, manifest), flush=True)
     return manifest
+
+
+def repair_shards(
+    make_source: Callable[[], Source],
+    directory: Path,
+    *,
+    val_tokens: int,
+    shard_tokens: int,
+    token_budget: int | None = None,
+    workers: int = 2,
+    progress_bar: bool = True,
+    hint: str | None = None,
+) -> list[str]:
+    """Check a finished preparation's shards and rebuild the missing or damaged ones; returns their names.
+
+    Intact shards cost a ``stat`` when ``.verified.json`` vouches for them, else one hash (which is
+    then remembered). A bad shard is regenerated from the source, starting at the stream position
+    progress.json records for it, and written only when it has the sha256 the manifest records;
+    otherwise SourceChangedError says so, naming the shard and ``hint``. ``make_source`` is only
+    called when something needs rebuilding.
+    """
+    manifest = read_json(directory / MANIFEST)
+    entries = [e for s in SPLITS for e in manifest.get("splits", {}).get(s, {}).get("shards", [])]
+    cache = VerifiedCache(directory)
+    checks = check_records(directory, entries, cache, "the manifest", progress_bar)
+    damaged = [(e, c) for e, c in zip(entries, checks, strict=True) if not c.ok]
+    if not damaged:
+        return []
+    hint = hint or f"restore the source as it was, or delete {directory} and prepare it again"
+    first = damaged[0][0]["file"]
+    progress_path = directory / PROGRESS
+    if not progress_path.is_file():
+        raise ManifestError(
+            f"{directory / first} needs rebuilding but {progress_path} (where each shard starts in the "
+            f"document stream) is missing; {hint}"
+        )
+    progress = read_json(progress_path)
+    records = progress.get("shards", [])
+    position = {r.get("file"): i for i, r in enumerate(records)}
+    for entry in entries:
+        i = position.get(entry["file"])
+        if i is None or (records[i]["tokens"], records[i]["sha256"]) != (entry["tokens"], entry["sha256"]):
+            raise ManifestError(
+                f"{progress_path} does not record {entry['file']} as {directory / MANIFEST} does, so "
+                f"{directory / first} cannot be rebuilt; {hint}"
+            )
+    rewrite = {position[e["file"]]: c.short for e, c in damaged}
+    start, stop = min(rewrite), max(rewrite)
+    source = make_source()
+    writer = ShardWriter(
+        directory,
+        progress,
+        val_tokens,
+        shard_tokens,
+        token_budget,
+        start=start,
+        rewrite=rewrite,
+        stop_after=stop,
+        ledger=_ledger(source, progress, start),
+        hint=hint,
+    )
+    try:
+        _regenerate(
+            source,
+            writer,
+            workers=workers,
+            progress_bar=progress_bar,
+            total=sum(r["tokens"] for r in records[: stop + 1]),
+            desc=f"repairing {directory.name}",
+        )
+    finally:
+        for name in writer.rebuilt:
+            cache.forget(name)
+        cache.save()
+    return writer.rebuilt
 
 
 def summary(directory: Path, manifest: dict[str, Any]) -> str:
     """One line of token counts: what prepare prints at the end."""
     splits = manifest["splits"]
+    skipped = manifest.get("skipped_documents") or 0
     return (
         f"{directory}: train {splits['train']['tokens']:,} tokens "
         f"in {len(splits['train']['shards'])} shard(s), "
         f"val {splits['val']['tokens']:,} tokens in {len(splits['val']['shards'])} shard(s), "
-        f"{manifest['documents']:,} documents"
+        f"{manifest['documents']:,} documents" + (f", {skipped:,} bad ones skipped" if skipped else "")
+    )
+
+
+def skipped_line(directory: Path, manifest: dict[str, Any], shown: int = 5) -> str:
+    """One line: how many bad documents were skipped and where the first ones are."""
+    n = manifest.get("skipped_documents") or 0
+    examples = manifest.get("skipped_examples") or []
+    listing = "; ".join(examples[:shown]) + ("; ..." if n > shown else "")
+    return (
+        f"skipped {n:,} bad document(s) (data.skip_bad_documents=true), recorded in "
+        f"{directory / MANIFEST}: {listing}"
     )

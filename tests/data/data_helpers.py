@@ -59,7 +59,51 @@ def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
     return path
 
 
+def compose_data(overrides: list[str]) -> DataConfig:
+    """The DataConfig the prepare command composes from ``overrides`` (its command-line arguments)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from mars.data.cli import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="prepare", overrides=overrides)
+    return OmegaConf.to_object(cfg.data)
+
+
+def run_prepare(cfg: DataConfig) -> None:
+    """The prepare script's task in-process, on ``cfg`` (errors: one stderr line and SystemExit(1))."""
+    from omegaconf import OmegaConf
+
+    from mars.data.cli import PrepareConfig, run
+
+    run(OmegaConf.structured(PrepareConfig(data=cfg)))
+
+
 def local_cfg(root: Path, paths: list, **kw) -> DataConfig:
     kw.setdefault("num_workers", 1)
     kw.setdefault("val_tokens", 300)
     return DataConfig(name="local", root=str(root), paths=[str(p) for p in paths], **kw)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def interrupt_after(monkeypatch, n_shards: int):
+    """Make the run die while writing shard number ``n_shards`` (0-based), leaving a partial temp file."""
+    from mars.data import writer as writer_mod
+
+    real_finish = writer_mod.ShardWriter.finish
+    calls = {"n": 0}
+
+    def finish(self, end):
+        if self.filled and calls["n"] == n_shards:
+            tmp = self.directory / f".{self.split}_{self.count[self.split]:06d}.bin.tmp-999"
+            tmp.write_bytes(b"\x01\x02" * 10)  # a half-written shard
+            raise Interrupt
+        if self.filled:
+            calls["n"] += 1
+        return real_finish(self, end)
+
+    monkeypatch.setattr(writer_mod.ShardWriter, "finish", finish)

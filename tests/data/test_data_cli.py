@@ -9,21 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from data_helpers import expected_splits, make_docs, read_split, write_jsonl
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from data_helpers import compose_data, expected_splits, make_docs, read_split, run_prepare, write_jsonl
 
-from mars.data.cli import CONFIG_DIR
 from mars.data.config import DataConfig
 from mars.data.layout import dataset_dir, prepare_command
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def compose_data(overrides: list[str]) -> DataConfig:
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="prepare", overrides=overrides)
-    return OmegaConf.to_object(cfg.data)
 
 
 def test_config_groups_compose_into_data_configs():
@@ -103,3 +94,27 @@ def test_console_script_reports_bad_input(tmp_path):
     assert result.returncode == 1
     assert "error: data.paths pattern 'nothing/*.jsonl' matches no files" in result.stderr
     assert not (dataset_dir(DataConfig(name="local", root=str(tmp_path))) / "manifest.json").exists()
+
+
+def test_prepare_errors_are_one_line_with_exit_status_1(tmp_path, capsys):
+    """A data error and a failed write alike: one `error:` line on stderr, nothing on stdout, status 1."""
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"text": "fine"}\n{"text": "fine", }\n')
+    cases = [
+        (
+            DataConfig(root=str(not_a_dir)),
+            f"[Errno 20] Not a directory: '{not_a_dir / 'embedded'}'; fix that path",
+        ),
+        (
+            DataConfig(name="local", root=str(tmp_path), paths=[str(bad_json)], num_workers=1),
+            f"{bad_json} line 2: not valid JSON (",
+        ),
+    ]
+    for cfg, fragment in cases:
+        with pytest.raises(SystemExit) as e:
+            run_prepare(cfg)
+        out, err = capsys.readouterr()
+        assert e.value.code == 1 and out == ""
+        assert err.count("\n") == 1 and err.startswith("error: ") and fragment in err, err

@@ -8,7 +8,16 @@ import os
 
 import numpy as np
 import pytest
-from data_helpers import expected_splits, local_cfg, make_docs, read_split, token_stream, write_jsonl
+from data_helpers import (
+    Interrupt,
+    expected_splits,
+    interrupt_after,
+    local_cfg,
+    make_docs,
+    read_split,
+    token_stream,
+    write_jsonl,
+)
 
 from mars.data import embedded as embedded_mod
 from mars.data import layout
@@ -149,34 +158,13 @@ def test_small_source_all_in_val_is_an_error(tmp_path):
 # ----------------------------------------------------------------------------- resumability
 
 
-class Interrupt(Exception):
-    pass
-
-
-def _interrupt_after(monkeypatch, n_shards: int):
-    """Make the run die while writing shard number ``n_shards`` (0-based), leaving a partial temp file."""
-    real_finish = writer_mod.ShardWriter.finish
-    calls = {"n": 0}
-
-    def finish(self, end):
-        if self.filled and calls["n"] == n_shards:
-            tmp = self.directory / f".{self.split}_{len(self.records(self.split)):06d}.bin.tmp-999"
-            tmp.write_bytes(b"\x01\x02" * 10)  # a half-written shard
-            raise Interrupt
-        if self.filled:
-            calls["n"] += 1
-        return real_finish(self, end)
-
-    monkeypatch.setattr(writer_mod.ShardWriter, "finish", finish)
-
-
 def test_interrupted_preparation_resumes_without_touching_finished_shards(monkeypatch, tmp_path):
     docs = make_docs(400, seed=5)
     path = write_jsonl(tmp_path / "d.jsonl", docs)
     cfg = local_cfg(tmp_path / "data", [path], val_tokens=500, shard_tokens=1500)
 
     with monkeypatch.context() as m:
-        _interrupt_after(m, 3)  # val + 2 train shards finish, the 3rd train shard dies mid-write
+        interrupt_after(m, 3)  # val + 2 train shards finish, the 3rd train shard dies mid-write
         with pytest.raises(Interrupt):
             prep.prepare(cfg, progress_bar=False)
     out = layout.dataset_dir(cfg)
@@ -215,20 +203,25 @@ def test_interrupted_preparation_resumes_without_touching_finished_shards(monkey
     assert json.loads((out / "manifest.json").read_text())["splits"] == ref_manifest["splits"]
 
 
-def test_resume_redoes_a_corrupted_or_unrecorded_shard(monkeypatch, tmp_path):
+def test_resume_redoes_a_corrupted_or_unrecorded_shard(monkeypatch, tmp_path, capsys):
     docs = make_docs(300, seed=6)
     path = write_jsonl(tmp_path / "d.jsonl", docs)
     cfg = local_cfg(tmp_path / "data", [path], val_tokens=0, shard_tokens=1000)
     with monkeypatch.context() as m:
-        _interrupt_after(m, 3)
+        interrupt_after(m, 3)
         with pytest.raises(Interrupt):
             prep.prepare(cfg, progress_bar=False)
     out = layout.dataset_dir(cfg)
-    first = (out / "train_000000.bin").stat().st_mtime_ns
+    kept = {name: (out / name).stat().st_mtime_ns for name in ("train_000000.bin", "train_000002.bin")}
     with open(out / "train_000001.bin", "r+b") as f:  # damage a finished shard
         f.write(b"\xff\xff")
     prep.prepare(cfg, progress_bar=False)
-    assert (out / "train_000000.bin").stat().st_mtime_ns == first
+    # only the damaged shard is rewritten: the stream restarts where it starts, the next one is verified
+    assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept
+    assert (
+        f"repaired {out / 'train_000001.bin'} (its sha256 did not match progress.json)"
+        in capsys.readouterr().out
+    )
     _, train = expected_splits(docs, 0)
     np.testing.assert_array_equal(read_split(out, "train"), train)
 
@@ -280,7 +273,7 @@ def test_val_split_spanning_several_shards_resumes_mid_val(monkeypatch, tmp_path
     docs = make_docs(200, seed=8)
     kwargs = dict(val_tokens=2500, shard_tokens=1000, workers=1, progress_bar=False)
     with monkeypatch.context() as m:
-        _interrupt_after(m, 2)  # two val shards finished, the third (last val shard) dies
+        interrupt_after(m, 2)  # two val shards finished, the third (last val shard) dies
         with pytest.raises(Interrupt):
             writer_mod.write_shards(ListSource(docs), tmp_path, {"name": "list"}, **kwargs)
     manifest = writer_mod.write_shards(ListSource(docs), tmp_path, {"name": "list"}, **kwargs)

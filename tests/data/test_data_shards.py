@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from data_helpers import local_cfg, make_docs, write_jsonl
 
-from mars.data import shards
+from mars.data import integrity
 from mars.data.errors import DataNotPreparedError, ManifestError, ShardError
 from mars.data.prepare import prepare
 from mars.data.shards import open_dataset, open_dir
@@ -51,8 +51,8 @@ def test_embedded_open_dataset_prepares_nothing_twice(embedded_cfg, embedded_dir
 def test_checksums_are_cached_until_a_file_changes(prepared, monkeypatch):
     directory, _ = prepared
     calls = []
-    real = shards._hash_and_max
-    monkeypatch.setattr(shards, "_hash_and_max", lambda p, n: calls.append(p.name) or real(p, n))
+    real = integrity.hash_shard
+    monkeypatch.setattr(integrity, "hash_shard", lambda p, n: calls.append(p.name) or real(p, n))
     n = len(list(directory.glob("*.bin")))
     assert n >= 3
     open_dir(directory)

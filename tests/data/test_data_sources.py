@@ -47,7 +47,7 @@ def test_jsonl_without_the_text_field(tmp_path):
 def test_jsonl_record_without_the_text_field_later_in_the_file(tmp_path):
     path = tmp_path / "mixed.jsonl"
     path.write_text('{"text": "fine"}\n{"other": "no text here"}\n')
-    with pytest.raises(SourceError, match=r"mixed\.jsonl: a record has 'text' = None"):
+    with pytest.raises(SourceError, match=r"mixed\.jsonl line 2: has no field 'text' \(fields: 'other'\)"):
         prep.prepare(local_cfg(tmp_path / "data", [path], val_tokens=0), progress_bar=False)
 
 

@@ -1,0 +1,145 @@
+"""Is a shard file still the one that was written? Size and sha256 against a record, with a cache.
+
+One check serves the three places that ask: opening a dataset for training (mars.data.shards),
+resuming an interrupted preparation, and the prepare command on a finished directory, which
+rebuilds what fails it (mars.data.writer). The size is always compared. Hashing a large dataset
+takes a while, so a file that hashed right is remembered in ``.verified.json`` next to the shards,
+keyed by its size and mtime: a file that was rewritten, truncated or edited since is hashed again,
+an untouched one costs a ``stat``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mars.data.errors import ManifestError
+from mars.data.layout import DTYPE, read_json, write_json_atomic
+
+VERIFIED = ".verified.json"
+HASH_CHUNK = 1 << 23  # tokens per read while hashing (16 MiB)
+
+
+def hash_shard(path: Path, tokens: int) -> tuple[str, int]:
+    """sha256 of a uint16 shard of ``tokens`` tokens and its largest token id, read in bounded chunks."""
+    data = np.memmap(path, dtype=np.uint16, mode="r", shape=(tokens,))
+    h = hashlib.sha256()
+    top = 0
+    for i in range(0, tokens, HASH_CHUNK):
+        chunk = np.asarray(data[i : i + HASH_CHUNK])
+        h.update(memoryview(chunk))
+        top = max(top, int(chunk.max()))
+    del data
+    return h.hexdigest(), top
+
+
+class VerifiedCache:
+    """``.verified.json``: name -> size, mtime_ns, sha256 and largest token id of each file that hashed right.
+
+    ``enabled=False`` (``data.verify=full``) neither reads nor writes it, so every file is hashed.
+    """
+
+    def __init__(self, directory: Path, enabled: bool = True):
+        self.path = directory / VERIFIED
+        self.enabled = enabled
+        self.entries: dict[str, Any] = {}
+        self.dirty = False
+        if enabled:
+            try:
+                self.entries = read_json(self.path)
+            except ManifestError:  # absent or unreadable: nothing is known to be verified
+                self.entries = {}
+
+    def max_token(self, path: Path, sha256: str, stat: os.stat_result) -> int | None:
+        """The cached largest token id when ``path`` is unchanged since it hashed to ``sha256``, else None."""
+        entry = self.entries.get(path.name) if self.enabled else None
+        if (
+            isinstance(entry, dict)
+            and entry.get("size") == stat.st_size
+            and entry.get("mtime_ns") == stat.st_mtime_ns
+            and entry.get("sha256") == sha256
+            and isinstance(entry.get("max_token"), int)
+        ):
+            return entry["max_token"]
+        return None
+
+    def remember(self, path: Path, sha256: str, max_token: int, stat: os.stat_result) -> None:
+        if self.enabled:
+            self.entries[path.name] = {
+                "size": stat.st_size,
+                "mtime_ns": stat.st_mtime_ns,
+                "sha256": sha256,
+                "max_token": max_token,
+            }
+            self.dirty = True
+
+    def forget(self, name: str) -> None:
+        """Drop ``name`` (a rewritten file): it is hashed again, from disk, the next time it is checked."""
+        if self.entries.pop(name, None) is not None:
+            self.dirty = True
+
+    def save(self) -> None:
+        if self.enabled and self.dirty:
+            try:
+                write_json_atomic(self.path, self.entries)
+            except OSError:  # a read-only dataset directory: verification simply is not cached
+                pass
+            self.dirty = False
+
+
+@dataclass(frozen=True)
+class ShardCheck:
+    """The outcome of checking one shard file against the record of what was written there."""
+
+    path: Path
+    problem: str | None  # None when the file is intact
+    short: str = ""  # the problem in a few words, for "repaired ..." lines
+    max_token: int | None = None  # known when the file is intact
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    @property
+    def message(self) -> str:
+        """``path`` and its problem, e.g. "data/x/train_000001.bin: has 2998 bytes but ..."."""
+        return f"{self.path} {self.problem}" if self.short == "missing" else f"{self.path}: {self.problem}"
+
+
+def check_shard_file(
+    path: Path, tokens: int, sha256: str, cache: VerifiedCache, listed_in: str = "the manifest"
+) -> ShardCheck:
+    """Compare ``path`` with its record (``tokens`` uint16 tokens hashing to ``sha256``, in ``listed_in``).
+
+    The size is always compared; the hash is taken from ``cache`` when the file is unchanged since it
+    last hashed right, else computed (and remembered in ``cache`` when it matches).
+    """
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return ShardCheck(path, f"is missing (listed in {listed_in})", "missing")
+    if stat.st_size != 2 * tokens:
+        if stat.st_size == 4 * tokens:
+            problem = f"holds {stat.st_size} bytes = 4 bytes per token (uint32?) but {listed_in} says {DTYPE}"
+        else:
+            problem = (
+                f"has {stat.st_size} bytes but {listed_in} lists {tokens} {DTYPE} tokens = {2 * tokens} bytes"
+            )
+        return ShardCheck(path, problem, f"had {stat.st_size} bytes instead of {2 * tokens}")
+    top = cache.max_token(path, sha256, stat)
+    if top is not None:
+        return ShardCheck(path, None, max_token=top)
+    digest, top = hash_shard(path, tokens)
+    if digest != sha256:
+        return ShardCheck(
+            path,
+            f"sha256 {digest} does not match {listed_in}'s {sha256}: the file is corrupted or was changed",
+            f"its sha256 did not match {listed_in}",
+        )
+    cache.remember(path, sha256, top, stat)
+    return ShardCheck(path, None, max_token=top)

@@ -152,6 +152,11 @@ def test_val_loader_is_fixed_and_split_across_ranks(tmp_path):
     assert torch.equal(torch.cat(parts), rows)
     with pytest.warns(UserWarning, match="holds 29 windows"):
         assert ValLoader(arrays, 16, 8, num_sequences=100).num_sequences == 29
+    # fewer validation sequences than ranks: the message names the setting, not the split's size
+    with pytest.raises(
+        DataError, match=r"validation asks for 2 sequence\(s\) .* raise train.eval_steps to at least 4"
+    ):
+        ValLoader(arrays, 16, 1, num_sequences=2, rank=0, world_size=4)
 
 
 def test_loaders_on_the_embedded_corpus(embedded_cfg):

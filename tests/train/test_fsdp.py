@@ -1,0 +1,58 @@
+"""train.parallel=fsdp end to end (torchrun, gloo on CPU): a SIGKILL mid-run resumes exactly, and a
+checkpoint written by 2 ranks continues on 1 and on 4 ranks. Marked slow."""
+
+from __future__ import annotations
+
+import pytest
+from test_e2e import KILL_AFTER_CHECKPOINT, TRAIN, losses, run
+from train_helpers import PYTHON, tiny_overrides
+
+from mars.checkpoint import latest_checkpoint, read_meta
+
+pytestmark = pytest.mark.slow
+
+
+def torchrun(n: int, *args) -> list[str]:
+    return [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *args]
+
+
+def test_fsdp_sigkill_resume_and_resharding(data_root, tmp_path):
+    overrides = [
+        *tiny_overrides(
+            data_root, max_steps=8, batch_size=1, global_batch_size=4, ckpt_interval=4, eval_steps=4
+        ),
+        "model.n_layer=2",
+        "optimizer=adamw",
+        "train.parallel=fsdp",
+    ]
+    straight = tmp_path / "straight"
+    run(torchrun(2, TRAIN, *overrides, f"hydra.run.dir={straight}"), tmp_path)
+    want = losses(straight)
+    assert sorted(want) == list(range(1, 9))
+
+    killed = tmp_path / "killed"
+    driver = tmp_path / "kill_after_checkpoint.py"
+    driver.write_text(KILL_AFTER_CHECKPOINT.format(step=4, train=TRAIN))
+    proc = run(torchrun(2, str(driver), *overrides, f"hydra.run.dir={killed}"), tmp_path, check=False)
+    assert proc.returncode != 0
+    step4 = latest_checkpoint(killed / "ckpt")
+    assert step4.name == "step_00000004"
+    meta = read_meta(step4)
+    assert meta["format"] == "sharded" and meta["world_size"] == 2
+    assert sorted(p.name for p in (step4 / "sharded").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+
+    run(torchrun(2, TRAIN, *overrides, "train.resume=auto", f"hydra.run.dir={killed}"), tmp_path)
+    got = losses(killed)
+    assert [got[s] for s in range(1, 9)] == [want[s] for s in range(1, 9)]  # identical
+
+    for n in (1, 4):  # DCP reshards the 2-rank checkpoint onto another number of ranks
+        other = tmp_path / f"on{n}"
+        run(torchrun(n, TRAIN, *overrides, f"train.resume={step4}", f"hydra.run.dir={other}"), tmp_path)
+        got = losses(other)
+        assert sorted(got) == [5, 6, 7, 8]
+        for s in (5, 6, 7, 8):
+            assert abs(got[s] - want[s]) < 1e-4, (n, s, got[s], want[s])

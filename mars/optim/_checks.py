@@ -58,3 +58,21 @@ def dense_grad(owner: str, p) -> None:
             f"{owner} does not support sparse gradients (parameter of shape {tuple(p.shape)}); "
             "use dense gradients, e.g. nn.Embedding(..., sparse=False)"
         )
+
+
+def real_floating(owner: str, p) -> None:
+    """The updates are real arithmetic (norms, signs, square roots, Newton-Schulz): refuse other dtypes
+    at construction instead of stepping them wrongly."""
+    if p.is_floating_point():
+        return
+    if p.is_complex():
+        fix = (
+            "keep the real and imaginary parts as a real parameter instead (store torch.view_as_real(z) "
+            "as the nn.Parameter and use torch.view_as_complex(param) in forward)"
+        )
+    else:
+        fix = "only floating-point tensors can be optimized: leave it out of the optimizer (e.g. a buffer)"
+    raise ValueError(
+        f"{owner} does not support a parameter of shape {tuple(p.shape)} and dtype {p.dtype}: it "
+        f"updates real floating-point tensors (float32, float64, bfloat16, float16); {fix}"
+    )

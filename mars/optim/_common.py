@@ -1,4 +1,4 @@
-"""Small helpers shared by the optimizers: state buffers, matrix views, the orthogonalised update."""
+"""Shared helpers: state buffers, step counters, matrix views, the orthogonalised update."""
 
 from __future__ import annotations
 
@@ -19,6 +19,53 @@ def ensure_buffers(state: dict, p: Tensor, names) -> None:
             state[name] = zeros_like(p)
 
 
+def step_counter(state: dict) -> Tensor:
+    """The tensor's step count, state["step"]: a float32 CPU scalar, as in torch's own optimizers.
+
+    A Python int would be a constant to torch.compile, so a compiled training step would recompile
+    at every step; a CPU scalar is read without any device synchronisation. Created at 0 on first
+    use; anything else found there (a Python int from state dicts written before the counter became
+    a tensor, a counter moved to the GPU with the rest of the state) is converted once."""
+    count = state.get("step")
+    if not (isinstance(count, Tensor) and count.device.type == "cpu" and count.dtype == torch.float32):
+        count = state["step"] = as_step_counter(0 if count is None else count)
+    return count
+
+
+def as_step_counter(value) -> Tensor:
+    if isinstance(value, Tensor):
+        return value.detach().to(device="cpu", dtype=torch.float32).reshape(())
+    return torch.tensor(float(value), dtype=torch.float32)
+
+
+def bucket_step(count: Tensor) -> int | None:
+    """The step-count part of an update bucket's key: the count this step reaches (eager), or None
+    inside torch.compile, where the bucket passes its counters to the kernels instead (see
+    `advance_steps`)."""
+    if torch.compiler.is_compiling():
+        return None
+    return int(count) + 1  # a CPU scalar: no device sync
+
+
+def advance_steps(states: list[dict], step: int | None) -> int | list[Tensor]:
+    """Add 1 to the step counters of a bucket; returns what the kernels take as `step`: the bucket's
+    common count (eager), or the list of counters (inside torch.compile)."""
+    counters = [s["step"] for s in states]
+    torch._foreach_add_(counters, 1.0)
+    return counters if step is None else step
+
+
+def traced(value: float, like: Tensor):
+    """A param-group hyperparameter that a schedule may change (lr, weight_decay, gamma) as the kernels
+    take it: the number itself, or inside torch.compile a 0-dim tensor made from it on `like`'s device.
+    The compiler then takes the value as a graph input (after one recompile when it first changes)
+    instead of a constant to guard on, so an lr schedule does not recompile the step at every step."""
+    if not torch.compiler.is_compiling():
+        return value
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    return torch.zeros((), dtype=dtype, device=like.device) + value
+
+
 def matrix_shape(t: Tensor) -> tuple[int, int]:
     """The 2-D shape a >= 2-D tensor is orthogonalised as: (shape[0], product of the rest)."""
     return t.shape[0], t.numel() // t.shape[0]
@@ -28,13 +75,20 @@ def as_matrix(t: Tensor) -> Tensor:
     return t if t.ndim == 2 else t.reshape(t.shape[0], -1)
 
 
-def apply_orthogonal_update_(
-    params: list[Tensor], O: Tensor, *, lr: float, weight_decay: float, scale: float
-) -> None:
-    """x <- x (1 - lr wd) - lr scale O_i for the batch O (n, rows, cols) of orthogonalised updates."""
-    if weight_decay:
+def apply_orthogonal_update_(params: list[Tensor], O: Tensor, *, lr, weight_decay, scale: float) -> None:
+    """x <- x (1 - lr wd) - lr scale O_i for the batch O (n, rows, cols) of orthogonalised updates.
+
+    O is bfloat16 (Newton-Schulz runs in bfloat16 by design); the update is applied in each
+    parameter's own dtype (a float64 parameter keeps float64 precision outside O itself). lr and
+    weight_decay are numbers, or 0-dim tensors inside torch.compile (`traced`)."""
+    if isinstance(weight_decay, Tensor) or weight_decay:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
     updates = [
         o if o.shape == p.shape else o.reshape(p.shape) for o, p in zip(O.unbind(0), params, strict=True)
     ]
-    torch._foreach_add_(params, updates, alpha=-lr * scale)
+    if isinstance(lr, Tensor):
+        updates = [o.to(p.dtype) for o, p in zip(updates, params, strict=True)]
+        torch._foreach_mul_(updates, -lr * scale)
+        torch._foreach_add_(params, updates)
+    else:
+        torch._foreach_add_(params, updates, alpha=-lr * scale)

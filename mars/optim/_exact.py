@@ -1,4 +1,4 @@
-"""Exact-mode bookkeeping shared by MARS and MARS-M (MARS_SPEC section 5).
+"""Exact-mode bookkeeping shared by MARS and MARS-M (docs/algorithms.md section 5).
 
 Exact MARS needs g_prev = grad f(x_{t-1}, xi_t): the new batch's gradient at the previous weights.
 The training loop gets it by looking one batch ahead: at step t, with x_t in place, it computes
@@ -7,6 +7,10 @@ grad f(x_t, xi_t) and calls `step()`. Step t therefore uses the stash made at st
 stash made at step t waits for step t+1, so each tensor holds two buffers: "last_grad" (g_prev of
 the current step; zeros at the first step) and "previous_grad" (the stash for the next step).
 `step()` swaps the two references after updating, with no copy.
+
+Inside an outer torch.compile, exact mode runs eagerly (`stash_previous_grads` and the exact step are
+excluded from tracing; the graph breaks there): its protocol state lives in Python attributes that
+a compiled graph would freeze. Approximate mode is traced like any optimizer.
 """
 
 from __future__ import annotations
@@ -17,17 +21,30 @@ import torch
 
 
 class PreviousGradsMixin:
-    """Needs `is_approx`, `_stashed` and `_takes_previous_grad(p, group) -> bool` on the optimizer."""
+    """Needs `is_approx`, `_stashed`, `_takes_previous_grad(p, group) -> bool` and `_step(closure)`
+    (the update) on the optimizer."""
+
+    def step(self, closure=None):
+        """One step on every tensor with a gradient (tensors whose grad is None are skipped); returns
+        the closure's loss when a closure is given."""
+        if self.is_approx or not torch.compiler.is_compiling():
+            return self._step(closure)
+        return torch.compiler.disable(self._step)(closure)
 
     @property
     def needs_previous_grads(self) -> bool:
         """True in exact mode: the loop must call `stash_previous_grads()` before every `step()`."""
         return not self.is_approx
 
-    @torch.no_grad()
     def stash_previous_grads(self) -> None:
         """Copy the current p.grad (grad f(x_t, xi_{t+1})) into the optimizer's own buffer; the next
         step() uses it as g_prev. A tensor without a gradient stashes zeros."""
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(self._stash)()
+        return self._stash()
+
+    @torch.no_grad()
+    def _stash(self) -> None:
         if self.is_approx:
             raise RuntimeError(
                 f"{type(self).__name__} is approximate (is_approx=True) and takes g_prev from its own last "

@@ -2,9 +2,13 @@
 
 Every function takes same-device, same-dtype lists of tensors and plain Python hyperparameters and
 updates them in place. On CUDA each line is one multi-tensor launch; on CPU each line is a loop in
-C++. No line reads a value back to the host. `_fused.py` has the same functions, compiled.
+C++. No line reads a value back to the host. `_fused.py` has the same functions, compiled. This is
+also the implementation traced by an outer torch.compile of a training step (which fuses it): there
+`step` is the list of the tensors' step counters (0-dim tensors) instead of a Python int, and the
+hyperparameters a schedule may change (lr, weight_decay, gamma) are 0-dim tensors
+(`_common.traced`), so the compiled graph depends on neither.
 
-Notation follows MARS_SPEC.md: g gradient, g_prev previous gradient, c = g + k (g - g_prev) with
+Notation follows docs/algorithms.md: g gradient, g_prev previous gradient, c = g + k (g - g_prev) with
 k = gamma * beta1 / (1 - beta1), c~ = c / max(||c||, 1) (per tensor), m, v first/second moments.
 """
 
@@ -55,17 +59,49 @@ def _sign(tensors: Tensors) -> Tensors:
     return signs
 
 
-def _apply_(params: Tensors, updates: Tensors, lr: float, weight_decay: float) -> None:
+def add_scaled_(tensors: Tensors, others: Tensors, scale) -> None:
+    """tensors += scale * others, for a number or a 0-dim tensor `scale` (which is no `alpha=`)."""
+    if isinstance(scale, Tensor):
+        torch._foreach_add_(tensors, torch._foreach_mul(others, scale))
+    else:
+        torch._foreach_add_(tensors, others, alpha=scale)
+
+
+def _nonzero(value) -> bool:
+    """A number's truth, without reading a tensor (inside torch.compile the tensor is just applied)."""
+    return isinstance(value, Tensor) or bool(value)
+
+
+def _apply_(params: Tensors, updates: Tensors, lr, weight_decay) -> None:
     """x <- x - lr (wd x + update); `updates` is consumed."""
-    if weight_decay:
-        torch._foreach_add_(updates, params, alpha=weight_decay)
-    torch._foreach_add_(params, updates, alpha=-lr)
+    if _nonzero(weight_decay):
+        add_scaled_(updates, params, weight_decay)
+    add_scaled_(params, updates, -lr)
+
+
+def _bias_corrections(step, beta1: float, beta2: float, params: Tensors):
+    """(1 - beta1^t, sqrt(1 - beta2^t)): Python floats for a Python step count; for a list of step
+    counters (inside torch.compile), lists of 0-dim tensors, one per parameter, computed in float64
+    and handed over in the parameter's compute dtype (float64 for float64, float32 otherwise)."""
+    if not isinstance(step, list):
+        return 1.0 - beta1**step, math.sqrt(1.0 - beta2**step)
+    bc1, bc2_sqrt = [], []
+    for count, p in zip(step, params, strict=True):
+        t = count.to(torch.float64)
+        dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+        bc1.append((1.0 - beta1**t).to(device=p.device, dtype=dtype))
+        bc2_sqrt.append((1.0 - beta2**t).sqrt().to(device=p.device, dtype=dtype))
+    return bc1, bc2_sqrt
 
 
 def _adam_apply_(params, exp_avgs, second, *, lr, weight_decay, bc1, bc2_sqrt, eps) -> None:
-    """x <- x - lr (wd x + m / ((sqrt(v) / sqrt(bc2) + eps) bc1))."""
+    """x <- x - lr (wd x + m / ((sqrt(v) / sqrt(bc2) + eps) bc1)); bc1, bc2_sqrt and eps are numbers or
+    per-tensor lists (see _bias_corrections)."""
     denom = torch._foreach_sqrt(second)
-    torch._foreach_mul_(denom, 1.0 / bc2_sqrt)
+    if isinstance(bc2_sqrt, list):
+        torch._foreach_div_(denom, bc2_sqrt)
+    else:
+        torch._foreach_mul_(denom, 1.0 / bc2_sqrt)
     torch._foreach_add_(denom, eps)
     torch._foreach_mul_(denom, bc1)
     _apply_(params, torch._foreach_div(exp_avgs, denom), lr, weight_decay)
@@ -95,8 +131,9 @@ def adamw_(
 ) -> None:
     """AdamW on the raw gradient. eps_form "torch": m / (sqrt(v / bc2) + eps) / bc1 (torch, MARS 1-D
     path); "moonlight": m / (sqrt(v) + eps) * sqrt(bc2) / bc1 (eps not bias-corrected)."""
-    bc1, bc2_sqrt = 1.0 - beta1**step, math.sqrt(1.0 - beta2**step)
-    eps = eps if eps_form == "torch" else eps / bc2_sqrt
+    bc1, bc2_sqrt = _bias_corrections(step, beta1, beta2, params)
+    if eps_form != "torch":
+        eps = [eps / b for b in bc2_sqrt] if isinstance(bc2_sqrt, list) else eps / bc2_sqrt
     _ema_(exp_avgs, grads, beta1)
     _ema_sq_(exp_avg_sqs, grads, beta2)
     second = _second_moment(exp_avg_sqs, max_exp_avg_sqs)
@@ -129,15 +166,9 @@ def mars_(
     if kind == "adamw":
         _ema_sq_(exp_avg_sqs, c, beta2)
         second = _second_moment(exp_avg_sqs, max_exp_avg_sqs)
+        bc1, bc2_sqrt = _bias_corrections(step, beta1, beta2, params)
         _adam_apply_(
-            params,
-            exp_avgs,
-            second,
-            lr=lr,
-            weight_decay=weight_decay,
-            bc1=1.0 - beta1**step,
-            bc2_sqrt=math.sqrt(1.0 - beta2**step),
-            eps=eps,
+            params, exp_avgs, second, lr=lr, weight_decay=weight_decay, bc1=bc1, bc2_sqrt=bc2_sqrt, eps=eps
         )
     else:
         _apply_(params, _sign(exp_avgs), lr, weight_decay)
@@ -149,9 +180,9 @@ def lion_(params, grads, exp_avgs, *, lr, weight_decay, beta1, beta2) -> None:
     update = torch._foreach_mul(exp_avgs, beta1)
     torch._foreach_add_(update, grads, alpha=1.0 - beta1)
     update = _sign(update)
-    if weight_decay:
+    if _nonzero(weight_decay):
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
-    torch._foreach_add_(params, update, alpha=-lr)
+    add_scaled_(params, update, -lr)
     _ema_(exp_avgs, grads, beta2)
 
 
@@ -189,7 +220,7 @@ def mars_momentum_(grads, prevs, bufs, outs, *, beta, gamma, clip, out_scale) ->
 def lean_momentum_(grads, bufs, outs, *, momentum, gamma) -> None:
     """Memory-lean approximate MARS-M: buf <- mu buf + ((1-gamma)(1-mu)/mu) g; NS input gamma g + mu buf."""
     torch._foreach_mul_(bufs, momentum)
-    torch._foreach_add_(bufs, grads, alpha=(1.0 - gamma) * (1.0 - momentum) / momentum)
+    add_scaled_(bufs, grads, (1.0 - gamma) * (1.0 - momentum) / momentum)
     src = torch._foreach_mul(grads, gamma)
     torch._foreach_add_(src, bufs, alpha=momentum)
     torch._foreach_copy_(outs, src)

@@ -3,15 +3,16 @@
 Same functions and signatures as `_foreach.py`. Each tensor is updated by one compiled kernel that
 reads every input once and writes every output once (the MARS clip adds one reduction pass over g
 and g_prev), instead of one memory pass per arithmetic operation. Tensors are flattened so one
-dynamic-shape compilation serves every parameter shape. Hyperparameters travel as one small float32
-tensor on the parameter's device, so changing lr, gamma or the step never recompiles and nothing is
-read back to the host.
+dynamic-shape compilation serves every parameter shape. Hyperparameters travel as one small tensor
+(float32, float64 for float64 tensors) on the parameter's device, so changing lr, gamma or the step
+never recompiles and nothing is read back to the host.
 
 Tensors under FUSED_MIN_NUMEL entries take the multi-tensor path (see below). Arithmetic runs in
-float32 whatever the storage dtype (bf16 parameters and states are upcast on load
-and rounded once on store). If compilation fails (no C++ compiler, no Triton), the kernel runs its
-own Python body eagerly for that call and the package switches to the multi-tensor implementation
-(`available()` turns False) with one warning.
+the wider of float32 and the storage dtype: float64 tensors in float64, float32, bf16 and fp16 ones
+in float32 (upcast on load, rounded once on store). Inside an outer torch.compile of a training step
+these kernels are not used (`_kernels.select`). If compilation fails (no C++ compiler, no Triton),
+the kernel runs its own Python body eagerly for that call and the package switches to the
+multi-tensor implementation (`available()` turns False) with one warning.
 """
 
 from __future__ import annotations
@@ -95,11 +96,22 @@ def _flat(t: Tensor) -> Tensor:
     return t.detach().view(-1)
 
 
-def _scalars(values: list[float], device: torch.device) -> Tensor:
-    t = torch.tensor(values, dtype=torch.float32)
+def _scalars(values: list[float], like: Tensor) -> Tensor:
+    """The hyperparameters of a kernel call, on `like`'s device, in its compute dtype."""
+    t = torch.tensor(values, dtype=_compute_dtype(like.dtype))
+    device = like.device
     if device.type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _wide(t: Tensor) -> Tensor:
+    """t in its compute dtype (a no-op for float32 and float64; decided when the kernel is traced)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
 # ---- kernel bodies (one tensor each). Separate functions, not flags, for variants that change the
@@ -113,10 +125,10 @@ def _sign(x):
 
 def _adamw_body(p, g, m, v, hp):
     lr, wd, b1, b2, bc1, inv_bc2_sqrt, eps = hp.unbind(0)
-    gf = g.float()
-    mf = m.float() * b1 + gf * (1.0 - b1)
-    vf = v.float() * b2 + gf * gf * (1.0 - b2)
-    pf = p.float()
+    gf = _wide(g)
+    mf = _wide(m) * b1 + gf * (1.0 - b1)
+    vf = _wide(v) * b2 + gf * gf * (1.0 - b2)
+    pf = _wide(p)
     p.copy_(pf - lr * (wd * pf + mf / ((vf.sqrt() * inv_bc2_sqrt + eps) * bc1)))
     m.copy_(mf)
     v.copy_(vf)
@@ -124,18 +136,18 @@ def _adamw_body(p, g, m, v, hp):
 
 def _mars_body(p, g, gp, m, v, hp, clip: bool):
     lr, wd, b1, b2, bc1, inv_bc2_sqrt, eps, k = hp.unbind(0)
-    gf = g.float()
-    c = (gf - gp.float()) * k + gf
+    gf = _wide(g)
+    c = (gf - _wide(gp)) * k + gf
     if clip:
         c = c / torch.clamp(torch.linalg.vector_norm(c), min=1.0)
-    mf = m.float() * b1 + c * (1.0 - b1)
+    mf = _wide(m) * b1 + c * (1.0 - b1)
     if v is None:  # MARS-Lion
         update = _sign(mf)
     else:  # MARS-AdamW
-        vf = v.float() * b2 + c * c * (1.0 - b2)
+        vf = _wide(v) * b2 + c * c * (1.0 - b2)
         update = mf / ((vf.sqrt() * inv_bc2_sqrt + eps) * bc1)
         v.copy_(vf)
-    pf = p.float()
+    pf = _wide(p)
     p.copy_(pf - lr * (wd * pf + update))
     m.copy_(mf)
     gp.copy_(g)
@@ -159,35 +171,35 @@ def _mars_lion_noclip_body(p, g, gp, m, hp):
 
 def _lion_body(p, g, m, hp):
     lr, wd, b1, b2 = hp.unbind(0)
-    gf, mf = g.float(), m.float()
+    gf, mf = _wide(g), _wide(m)
     update = _sign(mf * b1 + gf * (1.0 - b1))
-    p.copy_(p.float() * (1.0 - lr * wd) - lr * update)
+    p.copy_(_wide(p) * (1.0 - lr * wd) - lr * update)
     m.copy_(mf * b2 + gf * (1.0 - b2))
 
 
 def _sgd_momentum_body(g, buf, out, hp, nesterov: bool):
     mu = hp[0]
-    gf = g.float()
-    bf = buf.float() * mu + gf
+    gf = _wide(g)
+    bf = _wide(buf) * mu + gf
     buf.copy_(bf)
     out.copy_(gf + mu * bf if nesterov else bf)
 
 
 def _ema_momentum_body(g, buf, out, hp, nesterov: bool):
     beta = hp[0]
-    gf = g.float()
-    bf = buf.float() * beta + gf * (1.0 - beta)
+    gf = _wide(g)
+    bf = _wide(buf) * beta + gf * (1.0 - beta)
     buf.copy_(bf)
     out.copy_(gf * (1.0 - beta) + bf * beta if nesterov else bf)
 
 
 def _mars_momentum_body(g, gp, buf, out, hp, clip: bool):
     beta, k, out_scale = hp.unbind(0)
-    gf = g.float()
-    c = (gf - gp.float()) * k + gf
+    gf = _wide(g)
+    c = (gf - _wide(gp)) * k + gf
     if clip:
         c = c / torch.clamp(torch.linalg.vector_norm(c), min=1.0)
-    bf = buf.float() * beta + c * (1.0 - beta)
+    bf = _wide(buf) * beta + c * (1.0 - beta)
     buf.copy_(bf)
     gp.copy_(g)
     out.copy_(bf * out_scale)
@@ -203,8 +215,8 @@ def _mars_momentum_noclip_body(g, gp, buf, out, hp):
 
 def _lean_momentum_body(g, buf, out, hp):
     mu, factor, gamma = hp.unbind(0)
-    gf = g.float()
-    bf = buf.float() * mu + gf * factor
+    gf = _wide(g)
+    bf = _wide(buf) * mu + gf * factor
     buf.copy_(bf)
     out.copy_(gf * gamma + bf * mu)
 
@@ -268,7 +280,7 @@ def adamw_(
         raise NotImplementedError("amsgrad runs on the multi-tensor implementation")
     bc1, bc2_sqrt = 1.0 - beta1**step, math.sqrt(1.0 - beta2**step)
     eps = eps if eps_form == "torch" else eps / bc2_sqrt
-    hp = _scalars([lr, weight_decay, beta1, beta2, bc1, 1.0 / bc2_sqrt, eps], params[0].device)
+    hp = _scalars([lr, weight_decay, beta1, beta2, bc1, 1.0 / bc2_sqrt, eps], params[0])
     for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs, strict=True):
         _adamw(_flat(p), _flat(g), _flat(m), _flat(v), hp)
 
@@ -296,7 +308,7 @@ def mars_(
         raise NotImplementedError("amsgrad runs on the multi-tensor implementation")
     bc1, bc2_sqrt = 1.0 - beta1**step, math.sqrt(1.0 - beta2**step)
     k = gamma * beta1 / (1.0 - beta1)
-    hp = _scalars([lr, weight_decay, beta1, beta2, bc1, 1.0 / bc2_sqrt, eps, k], params[0].device)
+    hp = _scalars([lr, weight_decay, beta1, beta2, bc1, 1.0 / bc2_sqrt, eps, k], params[0])
     if kind == "adamw":
         kernel = _mars_adamw[clip]
         for p, g, gp, m, v in zip(params, grads, prevs, exp_avgs, exp_avg_sqs, strict=True):
@@ -309,28 +321,28 @@ def mars_(
 
 @_small_tensors_on_foreach
 def lion_(params, grads, exp_avgs, *, lr, weight_decay, beta1, beta2) -> None:
-    hp = _scalars([lr, weight_decay, beta1, beta2], params[0].device)
+    hp = _scalars([lr, weight_decay, beta1, beta2], params[0])
     for p, g, m in zip(params, grads, exp_avgs, strict=True):
         _lion(_flat(p), _flat(g), _flat(m), hp)
 
 
 @_small_tensors_on_foreach
 def sgd_momentum_(grads, bufs, outs, *, momentum, nesterov) -> None:
-    hp = _scalars([momentum], grads[0].device)
+    hp = _scalars([momentum], grads[0])
     for g, b, o in zip(grads, bufs, outs, strict=True):
         _sgd_momentum(_flat(g), _flat(b), _flat(o), hp, nesterov)
 
 
 @_small_tensors_on_foreach
 def ema_momentum_(grads, bufs, outs, *, beta, nesterov) -> None:
-    hp = _scalars([beta], grads[0].device)
+    hp = _scalars([beta], grads[0])
     for g, b, o in zip(grads, bufs, outs, strict=True):
         _ema_momentum(_flat(g), _flat(b), _flat(o), hp, nesterov)
 
 
 @_small_tensors_on_foreach
 def mars_momentum_(grads, prevs, bufs, outs, *, beta, gamma, clip, out_scale) -> None:
-    hp = _scalars([beta, gamma * beta / (1.0 - beta), out_scale], grads[0].device)
+    hp = _scalars([beta, gamma * beta / (1.0 - beta), out_scale], grads[0])
     kernel = _mars_momentum[clip]
     for g, gp, b, o in zip(grads, prevs, bufs, outs, strict=True):
         kernel(_flat(g), _flat(gp), _flat(b), _flat(o), hp)
@@ -339,6 +351,6 @@ def mars_momentum_(grads, prevs, bufs, outs, *, beta, gamma, clip, out_scale) ->
 @_small_tensors_on_foreach
 def lean_momentum_(grads, bufs, outs, *, momentum, gamma) -> None:
     factor = (1.0 - gamma) * (1.0 - momentum) / momentum
-    hp = _scalars([momentum, factor, gamma], grads[0].device)
+    hp = _scalars([momentum, factor, gamma], grads[0])
     for g, b, o in zip(grads, bufs, outs, strict=True):
         _lean_momentum(_flat(g), _flat(b), _flat(o), hp)

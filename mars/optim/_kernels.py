@@ -22,8 +22,10 @@ def check_fused_flag(owner: str, fused: bool | None, device: torch.device | None
 
 def select(fused: bool | None, *tensor_lists: list[torch.Tensor]) -> ModuleType:
     """fused None (auto): compiled kernels where available, else multi-tensor; False: multi-tensor.
-    Non-contiguous tensors (they cannot be flattened in place) always take the multi-tensor path."""
-    if fused is False:
+    Non-contiguous tensors (they cannot be flattened in place) always take the multi-tensor path, and
+    so does everything inside an outer torch.compile (of a whole training step): the outer compiler
+    traces the multi-tensor ops and fuses them itself, whatever `fused` says."""
+    if fused is False or torch.compiler.is_compiling():
         return _foreach
     first = tensor_lists[0][0]
     if not _fused.available(first.device):

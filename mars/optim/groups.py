@@ -1,6 +1,6 @@
 """Parameter grouping as the reference does it, and `build_optimizer` from a plain config.
 
-Grouping (MARS_SPEC sections 2-4):
+Grouping (docs/algorithms.md sections 2-4):
 - adamw, lion, mars_adamw, mars_lion, mars_shampoo: two groups, decay (matrices that are not
   embeddings: Linear weights, an untied output head) with the configured weight decay, and
   no-decay (embeddings, LayerNorm weights, biases) with 0. MARS routes the no-decay group's 1-D

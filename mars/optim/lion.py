@@ -1,4 +1,4 @@
-"""Lion (Chen et al., 2023), the baseline of MARS-Lion (MARS_SPEC section 4)."""
+"""Lion (Chen et al., 2023), the baseline of MARS-Lion (docs/algorithms.md section 4)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import torch
 from torch.optim import Optimizer
 
 from . import _checks, _kernels
-from ._common import ensure_buffers
+from ._common import ensure_buffers, traced
+from ._contract import TorchContract
 
 
-class Lion(Optimizer):
+class Lion(TorchContract, Optimizer):
     r"""Lion: sign of an interpolated momentum, decoupled weight decay::
 
         u  = sign(beta1 m + (1 - beta1) g)
@@ -23,7 +24,9 @@ class Lion(Optimizer):
     decay several times larger. One state buffer ("exp_avg") per parameter. Non-finite gradients are
     not detected (no host sync); they make the update and m NaN (sign() is taken so that NaN stays
     NaN instead of becoming a silent 0), so check the gradient norm before step(). Tensors whose
-    grad is None are skipped.
+    grad is None, or with no entries, are skipped. Arithmetic runs in float64 for float64 tensors,
+    float32 otherwise. Behaves as a torch.optim optimizer: named parameters, state_dict round trips
+    (refusing another optimizer's state), deepcopy/pickle, hooks, torch.compile of a training step.
     """
 
     needs_previous_grads = False
@@ -35,9 +38,11 @@ class Lion(Optimizer):
         super().__init__(params, defaults)
         _kernels.check_fused_flag("Lion", fused, _kernels.first_device(self.param_groups))
 
-    def add_param_group(self, param_group: dict) -> None:
-        super().add_param_group(param_group)
-        _validate(self.param_groups[-1])
+    def _validate_group(self, group: dict) -> None:
+        _validate(group)
+
+    def _buffer_names(self, p, group) -> set[str]:
+        return {"exp_avg"}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -46,15 +51,8 @@ class Lion(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            buckets = defaultdict(list)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                _checks.dense_grad("Lion", p)
-                ensure_buffers(self.state[p], p, ("exp_avg",))
-                buckets[(p.device, p.dtype)].append(p)
             beta1, beta2 = group["betas"]
-            for params in buckets.values():
+            for params in self._buckets(group).values():
                 grads = [p.grad for p in params]
                 exp_avgs = [self.state[p]["exp_avg"] for p in params]
                 impl = _kernels.select(self.fused, params, grads, exp_avgs)
@@ -62,12 +60,23 @@ class Lion(Optimizer):
                     params,
                     grads,
                     exp_avgs,
-                    lr=group["lr"],
-                    weight_decay=group["weight_decay"],
+                    lr=traced(group["lr"], params[0]),
+                    weight_decay=traced(group["weight_decay"], params[0]),
                     beta1=beta1,
                     beta2=beta2,
                 )
         return loss
+
+    def _buckets(self, group: dict) -> dict[tuple, list]:
+        """The group's tensors with a gradient, by (device, dtype): one kernel call each."""
+        buckets = defaultdict(list)
+        for p in group["params"]:
+            if p.grad is None or p.numel() == 0:
+                continue
+            _checks.dense_grad("Lion", p)
+            ensure_buffers(self.state[p], p, ("exp_avg",))
+            buckets[(p.device, p.dtype)].append(p)
+        return buckets
 
 
 def _validate(group: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch.optim import Optimizer
 
 # Learning-rate-like param-group entries. MARS keeps lr_1d at a fixed ratio to lr, as the reference.
@@ -21,3 +22,27 @@ def set_lr_factor(optimizer: Optimizer, factor: float) -> None:
             if key in group:
                 base = group.setdefault(f"initial_{key}", group[key])
                 group[key] = base * factor
+
+
+def keep_lr_1d_ratio(optimizer: Optimizer, *_hook_args) -> None:
+    """Make MARS's lr_1d follow lr when a torch.optim.lr_scheduler drives lr: a step pre-hook.
+
+    torch's schedulers only write group["lr"] (recording group["initial_lr"]); MARS's 1-D AdamW path
+    reads group["lr_1d"]. Registered with `optimizer.register_step_pre_hook(keep_lr_1d_ratio)`, this
+    sets lr_1d = initial_lr_1d * lr / initial_lr before every step (recording initial_lr_1d on first
+    use, the key set_lr_factor uses), so lr_1d / lr keeps its initial value as in the reference.
+    Groups without lr_1d or initial_lr are left alone. Hooks belong to the optimizer object: they are
+    not copied by copy.deepcopy or pickle nor saved in state_dict(), so register it again on a copy or
+    on the optimizer a resumed run builds. Inside torch.compile the hook runs eagerly (a graph break):
+    traced, its arithmetic on lr would freeze lr into the graph and recompile it at every step.
+    """
+    if torch.compiler.is_compiling():
+        return torch.compiler.disable(_keep_lr_1d_ratio)(optimizer)
+    return _keep_lr_1d_ratio(optimizer)
+
+
+def _keep_lr_1d_ratio(optimizer: Optimizer) -> None:
+    for group in optimizer.param_groups:
+        if "lr_1d" in group and group.get("initial_lr"):
+            base = group.setdefault("initial_lr_1d", group["lr_1d"])
+            group["lr_1d"] = base * group["lr"] / group["initial_lr"]

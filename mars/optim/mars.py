@@ -1,4 +1,4 @@
-"""MARS: MARS-AdamW, MARS-Lion and MARS-Shampoo, approximate and exact (MARS_SPEC sections 1, 2, 5)."""
+"""MARS: MARS-AdamW, MARS-Lion and MARS-Shampoo, approximate and exact (docs/algorithms.md 1, 2, 5)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import torch
 from torch.optim import Optimizer
 
 from . import _checks, _foreach, _kernels
-from ._common import apply_orthogonal_update_, as_matrix, ensure_buffers, matrix_shape
+from ._common import (
+    advance_steps,
+    apply_orthogonal_update_,
+    as_matrix,
+    bucket_step,
+    ensure_buffers,
+    matrix_shape,
+    step_counter,
+    traced,
+)
+from ._contract import TorchContract
 from ._exact import PreviousGradsMixin
 from .newton_schulz import orthogonalize_
 
@@ -16,11 +26,14 @@ MARS_TYPES = ("mars-adamw", "mars-lion", "mars-shampoo")
 TWO_DIM_RULES = ("eq2", "ge2")
 NS_STEPS = 5  # the reference's MARS-Shampoo runs five quintic Newton-Schulz iterations
 
+# Group entries a schedule may change: numbers in eager mode, 0-dim tensors inside torch.compile.
+SCHEDULED = ("lr", "weight_decay", "gamma", "lr_1d", "weight_decay_1d")
+
 # How a tensor is updated; see MARS._role.
 ADAMW_1D, MARS_ADAMW, MARS_LION, MARS_NS = "adamw_1d", "mars_adamw", "mars_lion", "mars_ns"
 
 
-class MARS(PreviousGradsMixin, Optimizer):
+class MARS(PreviousGradsMixin, TorchContract, Optimizer):
     r"""MARS (Yuan et al., 2024): scaled stochastic recursive momentum + a preconditioned step.
 
     For each tensor taking the MARS path, with k = gamma * beta1 / (1 - beta1)::
@@ -43,8 +56,11 @@ class MARS(PreviousGradsMixin, Optimizer):
     beta1 == beta2.
 
     Scheduling: lr_1d is a separate group entry that the reference keeps at a fixed ratio to lr.
-    `mars.optim.set_lr_factor(opt, f)` scales both; if you write group["lr"] yourself (or use a
-    torch.optim.lr_scheduler, which only touches "lr"), scale group["lr_1d"] by the same factor.
+    `mars.optim.set_lr_factor(opt, f)` scales both. A torch.optim.lr_scheduler (or code writing
+    group["lr"]) changes only "lr": the 1-D AdamW path would keep its initial lr_1d. With a torch
+    scheduler, register `mars.optim.keep_lr_1d_ratio` as a step pre-hook
+    (`opt.register_step_pre_hook(keep_lr_1d_ratio)`), which sets lr_1d = initial lr_1d * lr / initial_lr
+    before every step; hooks do not survive copy.deepcopy, pickle or a new optimizer: register it again.
 
     Approximate mode (is_approx=True, default): g_prev is a copy of the gradient this optimizer saw
     at its previous step (after the loop's gradient clipping), kept in its own buffer::
@@ -59,7 +75,7 @@ class MARS(PreviousGradsMixin, Optimizer):
             opt.zero_grad(set_to_none=True)
 
     Exact mode (is_approx=False; `needs_previous_grads` is True): two gradients per step, looking one
-    batch ahead (MARS_SPEC section 5)::
+    batch ahead (docs/algorithms.md section 5)::
 
         opt = MARS(model.parameters(), lr=6e-3, weight_decay=0.01, is_approx=False)
         for batch, next_batch in zip(batches, batches[1:]):
@@ -73,9 +89,12 @@ class MARS(PreviousGradsMixin, Optimizer):
     The reference's method names update_previous_grad() (= stash_previous_grads) and
     update_last_grad() (nothing left to do: step() swaps the buffers) also work.
 
-    State per tensor: "exp_avg", "exp_avg_sq" (AdamW forms), "last_grad" (MARS path), "step";
-    "max_exp_avg_sq" with amsgrad; exact mode adds "previous_grad". Approximate MARS-AdamW therefore
-    keeps 3 buffers per matrix parameter (12 bytes in float32), 2 per 1-D parameter.
+    State per tensor: "exp_avg", "exp_avg_sq" (AdamW forms), "last_grad" (MARS path), "step" (a
+    float32 CPU scalar, as in torch's optimizers); "max_exp_avg_sq" with amsgrad; exact mode adds
+    "previous_grad". Approximate MARS-AdamW therefore keeps 3 buffers per matrix parameter (12 bytes
+    in float32), 2 per 1-D parameter. state_dict() also records the class and is_approx; loading a
+    state dict saved by another optimizer, or with another is_approx, mars_type, optimize_1d or
+    two_dim_rule, raises a ValueError saying so.
 
     Non-finite gradients are not detected (that would need a device-to-host sync per step): a NaN or
     inf in g makes ||c|| non-finite, which propagates into m, v and the parameters of that tensor
@@ -84,8 +103,17 @@ class MARS(PreviousGradsMixin, Optimizer):
 
     Implementation: per-tensor fused kernels compiled with torch.compile where available, else
     multi-tensor torch._foreach_* ops (fused=None picks; True requires the compiled kernels; False
-    forces multi-tensor, also used for amsgrad). Neither reads any value back to the host.
+    forces multi-tensor, also used for amsgrad, and inside an outer torch.compile of a training step,
+    which fuses them itself). Neither reads any value back from the device. Arithmetic runs in
+    float64 for float64 tensors and in float32 otherwise (bf16/fp16 storage); MARS-Shampoo's
+    Newton-Schulz runs in bfloat16 by design and its update is applied in the parameter's dtype.
+    Parameters must be real floating point (complex ones raise a ValueError at construction); tensors
+    with no entries are skipped. Accepts named parameters (model.named_parameters()) like torch's
+    optimizers; state_dict() then carries "param_names".
     """
+
+    instance_options = ("is_approx",)
+    role_keys = ("mars_type", "optimize_1d", "two_dim_rule")
 
     def __init__(
         self,
@@ -130,9 +158,8 @@ class MARS(PreviousGradsMixin, Optimizer):
         super().__init__(params, defaults)
         _kernels.check_fused_flag("MARS", fused, _kernels.first_device(self.param_groups))
 
-    def add_param_group(self, param_group: dict) -> None:
-        super().add_param_group(param_group)
-        _validate(self.param_groups[-1])
+    def _validate_group(self, group: dict) -> None:
+        _validate(group)
 
     @staticmethod
     def _role(p, group) -> str:
@@ -154,9 +181,24 @@ class MARS(PreviousGradsMixin, Optimizer):
             names += ("last_grad",)
         return names
 
+    def _buffer_names(self, p, group) -> set[str]:
+        role = self._role(p, group)
+        names = {"step", *self._buffers(role, amsgrad=True)}
+        if role != ADAMW_1D and not self.is_approx:
+            names.add("previous_grad")
+        return names
+
+    def _infer_options(self, entries) -> dict:
+        mars_path = [buffers for p, group, buffers in entries if self._role(p, group) != ADAMW_1D]
+        if any("previous_grad" in b for b in mars_path):
+            return {"is_approx": (False, "'previous_grad' buffers (exact mode)")}
+        if any("last_grad" in b for b in mars_path):
+            return {"is_approx": (True, "'last_grad' buffers without 'previous_grad' (approximate mode)")}
+        return {}
+
     @torch.no_grad()
-    def step(self, closure=None):
-        """One MARS step on every tensor with a gradient (tensors whose grad is None are skipped)."""
+    def _step(self, closure=None):
+        """One MARS step on every tensor with a gradient (`step()` calls it)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -164,26 +206,34 @@ class MARS(PreviousGradsMixin, Optimizer):
         self._check_stashed()
         took_prev = []
         for group in self.param_groups:
-            buckets = defaultdict(list)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                _checks.dense_grad("MARS", p)
-                role = self._role(p, group)
-                state = self.state[p]
-                state.setdefault("step", 0)
-                ensure_buffers(state, p, self._buffers(role, group["amsgrad"]))
-                state["step"] += 1
-                buckets[(role, p.device, p.dtype, state["step"])].append(p)
-                if role != ADAMW_1D:
-                    took_prev.append(p)
-            for (role, _, _, step), params in buckets.items():
+            for (role, _, _, count), params in self._buckets(group).items():
+                step = advance_steps([self.state[p] for p in params], count)
                 self._update(group, role, params, step)
+                if role != ADAMW_1D:
+                    took_prev.extend(params)
         if not self.is_approx:
             self._rotate_previous_grads(took_prev)
         return loss
 
-    def _update(self, group: dict, role: str, params: list, step: int) -> None:
+    def _buckets(self, group: dict) -> dict[tuple, list]:
+        """The group's tensors with a gradient, by (role, device, dtype, step count): each bucket is
+        one kernel call (`_update`). Creates the missing state buffers."""
+        buckets = defaultdict(list)
+        for p in group["params"]:
+            if p.grad is None or p.numel() == 0:
+                continue
+            _checks.dense_grad("MARS", p)
+            role = self._role(p, group)
+            state = self.state[p]
+            count = step_counter(state)
+            ensure_buffers(state, p, self._buffers(role, group["amsgrad"]))
+            buckets[(role, p.device, p.dtype, bucket_step(count))].append(p)
+        return buckets
+
+    def _update(self, group: dict, role: str, params: list, step) -> None:
+        """Dispatch one bucket to its kernel. step: the bucket's step count, or (inside torch.compile)
+        the list of its step counters."""
+        hp = {key: traced(group[key], params[0]) for key in SCHEDULED}
         grads = [p.grad for p in params]
         states = [self.state[p] for p in params]
         exp_avgs = [s["exp_avg"] for s in states]
@@ -199,8 +249,8 @@ class MARS(PreviousGradsMixin, Optimizer):
                 grads,
                 exp_avgs,
                 exp_avg_sqs,
-                lr=group["lr_1d"],
-                weight_decay=group["weight_decay_1d"],
+                lr=hp["lr_1d"],
+                weight_decay=hp["weight_decay_1d"],
                 beta1=beta1_1d,
                 beta2=beta2_1d,
                 step=step,
@@ -208,7 +258,7 @@ class MARS(PreviousGradsMixin, Optimizer):
                 max_exp_avg_sqs=maxes,
             )
         elif role == MARS_NS:
-            self._shampoo(group, params, grads, states)
+            self._shampoo(group, hp, params, grads, states)
         else:
             impl.mars_(
                 params,
@@ -217,18 +267,18 @@ class MARS(PreviousGradsMixin, Optimizer):
                 exp_avgs,
                 exp_avg_sqs,
                 kind="adamw" if role == MARS_ADAMW else "lion",
-                lr=group["lr"],
-                weight_decay=group["weight_decay"],
+                lr=hp["lr"],
+                weight_decay=hp["weight_decay"],
                 beta1=beta1,
                 beta2=beta2,
                 step=step,
                 eps=group["eps"],
-                gamma=group["gamma"],
+                gamma=hp["gamma"],
                 clip=group["clip_c"],
                 max_exp_avg_sqs=maxes,
             )
 
-    def _shampoo(self, group: dict, params: list, grads: list, states: list) -> None:
+    def _shampoo(self, group: dict, hp: dict, params: list, grads: list, states: list) -> None:
         """MARS-Shampoo on matrices: same-shaped ones share one batched Newton-Schulz."""
         beta1 = group["betas"][0]
         by_shape = defaultdict(list)
@@ -247,13 +297,13 @@ class MARS(PreviousGradsMixin, Optimizer):
                 bufs,
                 list(X.unbind(0)),
                 beta=beta1,
-                gamma=group["gamma"],
+                gamma=hp["gamma"],
                 clip=group["clip_c"],
                 out_scale=1.0 / (1.0 - beta1),
             )
             O = orthogonalize_(X, steps=NS_STEPS, eps=group["eps"], form="reference")
             apply_orthogonal_update_(
-                ps, O, lr=group["lr"], weight_decay=group["weight_decay"], scale=max(1.0, rows / cols) ** 0.5
+                ps, O, lr=hp["lr"], weight_decay=hp["weight_decay"], scale=max(1.0, rows / cols) ** 0.5
             )
 
 

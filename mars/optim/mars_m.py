@@ -1,8 +1,9 @@
-"""MARS-M: MARS variance reduction on the Moonlight form of Muon (MARS_SPEC section 3)."""
+"""MARS-M: MARS variance reduction on the Moonlight form of Muon (docs/algorithms.md section 3)."""
 
 from __future__ import annotations
 
 from . import _checks, _kernels
+from ._common import traced
 from ._exact import PreviousGradsMixin
 from .muon import MatrixOptimizer
 
@@ -33,9 +34,12 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
     of `mars.optim.MARS`: before every step() compute the next batch's gradient at the current
     weights, call `stash_previous_grads()`, zero the grads, compute the step's gradient, `step()`.
     Non-finite gradients are not detected (no host sync): they propagate into the state and weights.
+    state_dict() records is_approx and lean; loading a state dict saved with other values (or by
+    another optimizer) raises a ValueError saying so.
     """
 
     owner = "MARSM"
+    instance_options = ("is_approx", "lean")
     ns_form = "moonlight"
     adamw_eps_form = "moonlight"
 
@@ -86,8 +90,8 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
         )
         super().__init__(params, muon_params, adamw_params, defaults, fused)
 
-    def _validate(self, group: dict) -> None:
-        super()._validate(group)
+    def _validate_group(self, group: dict) -> None:
+        super()._validate_group(group)
         _checks.non_negative(self.owner, "gamma", group["gamma"])
         _checks.flag(self.owner, "clip_c", group["clip_c"])
         if self.lean and group["momentum"] == 0:
@@ -98,13 +102,33 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             raise ValueError(f"{self.owner}: invalid clip_c=True in a param group with lean=True")
 
     def _takes_previous_grad(self, p, group) -> bool:
-        return group["use_muon"] and p.ndim >= 2
+        return self._is_matrix(p, group)
+
+    def _buffer_names(self, p, group) -> set[str]:
+        names = super()._buffer_names(p, group)
+        if self._is_matrix(p, group) and not self.is_approx:
+            names.add("previous_grad")
+        return names
+
+    def _infer_options(self, entries) -> dict:
+        matrices = [buffers for p, group, buffers in entries if self._is_matrix(p, group)]
+        if any("previous_grad" in b for b in matrices):
+            return {"is_approx": (False, "'previous_grad' buffers (exact mode)")}
+        if any("last_grad" in b for b in matrices):
+            return {
+                "is_approx": (True, "'last_grad' buffers without 'previous_grad' (approximate mode)"),
+                "lean": (False, "'last_grad' buffers (two buffers per matrix)"),
+            }
+        if any("momentum_buffer" in b for b in matrices):
+            return {"lean": (True, "matrices with 'momentum_buffer' alone (the one-buffer variant)")}
+        return {}
 
     def _momentum(self, group, grads, states, outs) -> None:
         bufs = self._buffers_of(states, "momentum_buffer")
+        gamma = traced(group["gamma"], grads[0])
         if self.lean:
             impl = _kernels.select(self.fused, grads, bufs)
-            impl.lean_momentum_(grads, bufs, outs, momentum=group["momentum"], gamma=group["gamma"])
+            impl.lean_momentum_(grads, bufs, outs, momentum=group["momentum"], gamma=gamma)
             return
         prevs = self._buffers_of(states, "last_grad")
         impl = _kernels.select(self.fused, grads, bufs, prevs)
@@ -114,7 +138,7 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             bufs,
             outs,
             beta=group["momentum"],
-            gamma=group["gamma"],
+            gamma=gamma,
             clip=group["clip_c"],
             out_scale=1.0,
         )

@@ -1,4 +1,4 @@
-"""Muon and Moonlight (MARS_SPEC sections 3 and 4), and the machinery they share with MARS-M."""
+"""Muon and Moonlight (docs/algorithms.md sections 3 and 4), and the machinery they share with MARS-M."""
 
 from __future__ import annotations
 
@@ -9,11 +9,23 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from . import _checks, _kernels
-from ._common import apply_orthogonal_update_, as_matrix, ensure_buffers, matrix_shape
+from ._common import (
+    advance_steps,
+    apply_orthogonal_update_,
+    as_matrix,
+    bucket_step,
+    ensure_buffers,
+    matrix_shape,
+    step_counter,
+    traced,
+)
+from ._contract import TorchContract, named_tensor
 from .newton_schulz import orthogonalize_
 
+MATRIX, ADAMW = "matrix", "adamw"
 
-class MatrixOptimizer(Optimizer):
+
+class MatrixOptimizer(TorchContract, Optimizer):
     """Base of Muon, Moonlight and MARS-M: matrices get an orthogonalised momentum step, the rest AdamW.
 
     Param groups carry "use_muon": True for hidden weight matrices (tensors of fewer than 2 dims in
@@ -21,11 +33,17 @@ class MatrixOptimizer(Optimizer):
     output head and 1-D tensors there). A group without the flag is split by ndim (>= 2: matrices);
     embeddings and heads cannot be recognised that way, so build groups with
     `mars.optim.param_groups(model, name)` or pass muon_params= / adamw_params= (the reference form).
-    Same-shaped matrices of a group share one batched Newton-Schulz. Tensors whose grad is None are
-    skipped; non-finite gradients are not detected and propagate into the state and the parameters.
+    Same-shaped matrices of a group share one batched Newton-Schulz (bfloat16 by design; the update is
+    applied in the parameter's dtype); the elementwise arithmetic runs in float64 for float64 tensors,
+    float32 otherwise. Tensors whose grad is None, or with no entries, are skipped; non-finite
+    gradients are not detected and propagate into the state and the parameters. Parameters may be
+    given with names (model.named_parameters(), or (name, tensor) pairs in a group), as to torch's
+    optimizers. state_dict() records the class (and MARS-M's is_approx and lean); loading a state
+    dict of another optimizer, or with another use_muon for a group, raises a ValueError saying so.
     """
 
     owner = "MatrixOptimizer"
+    role_keys = ("use_muon",)
     needs_previous_grads = False  # exact MARS-M overrides this
     ns_form = "reference"
     ns_eps = 1e-7
@@ -54,7 +72,11 @@ class MatrixOptimizer(Optimizer):
             groups.append({"params": adamw_params, "use_muon": False})
         return groups
 
-    def add_param_group(self, param_group: dict) -> None:
+    def _split_param_group(self, param_group: dict) -> list[dict]:
+        """A group without "use_muon" becomes two: matrices (ndim >= 2) and the rest. Parameters may
+        be (name, tensor) pairs; names stay with their tensors."""
+        if not isinstance(param_group, dict):
+            return [param_group]  # torch's add_param_group names the problem
         group = dict(param_group)
         if "wd" in group:  # the reference's key
             if "weight_decay" in group:
@@ -62,28 +84,43 @@ class MatrixOptimizer(Optimizer):
             group["weight_decay"] = group.pop("wd")
         params = group["params"]
         params = [params] if isinstance(params, Tensor) else list(params)
+        names = group.pop("param_names", None)
+        if names is not None and len(names) == len(params) and not any(isinstance(p, tuple) for p in params):
+            params = list(zip(names, params, strict=True))
+        elif names is not None:
+            group["param_names"] = names  # torch reports the mismatch
         use_muon = group.get("use_muon")
         if use_muon is None:
-            parts = [(True, [p for p in params if p.ndim >= 2]), (False, [p for p in params if p.ndim < 2])]
-            parts = [(use, ps) for use, ps in parts if ps] or [(True, params)]
+            matrices = [p for p in params if named_tensor(p).ndim >= 2]
+            others = [p for p in params if named_tensor(p).ndim < 2]
+            parts = [(use, ps) for use, ps in ((True, matrices), (False, others)) if ps] or [(True, params)]
         else:
             _checks.flag(self.owner, "use_muon", use_muon)
             parts = [(use_muon, params)]
+        subgroups = []
         for use, ps in parts:
             sub = dict(group, params=ps, use_muon=use)
             if not use:
                 for key, value in self._adamw_group_defaults.items():
                     sub.setdefault(key, value)
-            super().add_param_group(sub)
-            self._validate(self.param_groups[-1])
+            subgroups.append(sub)
+        return subgroups
 
-    def _validate(self, group: dict) -> None:
+    def _validate_group(self, group: dict) -> None:
         owner = self.owner
         for name in ("lr", "weight_decay", "adamw_eps"):
             _checks.non_negative(owner, name, group[name])
         _checks.beta(owner, "momentum", group["momentum"])
         _checks.positive_int(owner, "ns_steps", group["ns_steps"])
         _checks.betas(owner, "adamw_betas", group["adamw_betas"])
+
+    def _is_matrix(self, p: Tensor, group: dict) -> bool:
+        return group["use_muon"] and p.ndim >= 2
+
+    def _buffer_names(self, p, group) -> set[str]:
+        if self._is_matrix(p, group):
+            return set(self.matrix_buffers)
+        return {"exp_avg", "exp_avg_sq", "step"}
 
     # ---- the parts a subclass defines
 
@@ -102,8 +139,13 @@ class MatrixOptimizer(Optimizer):
 
     # ---- the step
 
-    @torch.no_grad()
     def step(self, closure=None):
+        """One step on every tensor with a gradient (tensors whose grad is None are skipped); returns
+        the closure's loss when a closure is given."""
+        return self._step(closure)
+
+    @torch.no_grad()
+    def _step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -111,62 +153,62 @@ class MatrixOptimizer(Optimizer):
         self._before_step()
         stepped = []
         for group in self.param_groups:
-            matrices, others = [], []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                _checks.dense_grad(self.owner, p)
-                (matrices if group["use_muon"] and p.ndim >= 2 else others).append(p)
-            if matrices:
-                self._matrix_step(group, matrices)
-                stepped.extend(matrices)
-            if others:
-                self._adamw_step(group, others)
+            for key, params in self._buckets(group).items():
+                if key[0] == MATRIX:
+                    self._matrix_update(group, key, params)
+                    stepped.extend(params)
+                else:
+                    self._adamw_update(group, key, params)
         self._after_step(stepped)
         return loss
 
-    def _matrix_step(self, group: dict, params: list) -> None:
+    def _buckets(self, group: dict) -> dict[tuple, list]:
+        """The group's tensors with a gradient: matrices by (MATRIX, (rows, cols), device, dtype), one
+        batched Newton-Schulz each; the rest by (ADAMW, device, dtype, step count), one AdamW kernel
+        call each. Creates the missing state buffers."""
         buckets = defaultdict(list)
-        for p in params:
-            ensure_buffers(self.state[p], p, self.matrix_buffers)
-            buckets[(matrix_shape(p), p.device, p.dtype)].append(p)
-        for ((rows, cols), device, _), ps in buckets.items():
-            X = torch.empty((len(ps), rows, cols), dtype=torch.bfloat16, device=device)
-            self._momentum(
-                group, [as_matrix(p.grad) for p in ps], [self.state[p] for p in ps], list(X.unbind(0))
-            )
-            O = orthogonalize_(X, steps=group["ns_steps"], eps=self.ns_eps, form=self.ns_form)
-            apply_orthogonal_update_(
-                ps, O, lr=group["lr"], weight_decay=group["weight_decay"], scale=self._scale(rows, cols)
-            )
-
-    def _adamw_step(self, group: dict, params: list) -> None:
-        buckets = defaultdict(list)
-        for p in params:
+        for p in group["params"]:
+            if p.grad is None or p.numel() == 0:
+                continue
+            _checks.dense_grad(self.owner, p)
             state = self.state[p]
-            state.setdefault("step", 0)
-            ensure_buffers(state, p, ("exp_avg", "exp_avg_sq"))
-            state["step"] += 1
-            buckets[(p.device, p.dtype, state["step"])].append(p)
+            if self._is_matrix(p, group):
+                ensure_buffers(state, p, self.matrix_buffers)
+                buckets[(MATRIX, matrix_shape(p), p.device, p.dtype)].append(p)
+            else:
+                count = step_counter(state)
+                ensure_buffers(state, p, ("exp_avg", "exp_avg_sq"))
+                buckets[(ADAMW, p.device, p.dtype, bucket_step(count))].append(p)
+        return buckets
+
+    def _matrix_update(self, group: dict, key: tuple, ps: list) -> None:
+        _, (rows, cols), device, _ = key
+        X = torch.empty((len(ps), rows, cols), dtype=torch.bfloat16, device=device)
+        self._momentum(group, [as_matrix(p.grad) for p in ps], [self.state[p] for p in ps], list(X.unbind(0)))
+        O = orthogonalize_(X, steps=group["ns_steps"], eps=self.ns_eps, form=self.ns_form)
+        lr, weight_decay = traced(group["lr"], ps[0]), traced(group["weight_decay"], ps[0])
+        apply_orthogonal_update_(ps, O, lr=lr, weight_decay=weight_decay, scale=self._scale(rows, cols))
+
+    def _adamw_update(self, group: dict, key: tuple, ps: list) -> None:
+        step = advance_steps([self.state[p] for p in ps], key[-1])
         beta1, beta2 = group["adamw_betas"]
-        for (_, _, step), ps in buckets.items():
-            grads = [p.grad for p in ps]
-            exp_avgs = [self.state[p]["exp_avg"] for p in ps]
-            exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in ps]
-            impl = _kernels.select(self.fused, ps, grads, exp_avgs)
-            impl.adamw_(
-                ps,
-                grads,
-                exp_avgs,
-                exp_avg_sqs,
-                lr=group["lr"],
-                weight_decay=group["weight_decay"],
-                beta1=beta1,
-                beta2=beta2,
-                step=step,
-                eps=group["adamw_eps"],
-                eps_form=self.adamw_eps_form,
-            )
+        grads = [p.grad for p in ps]
+        exp_avgs = [self.state[p]["exp_avg"] for p in ps]
+        exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in ps]
+        impl = _kernels.select(self.fused, ps, grads, exp_avgs)
+        impl.adamw_(
+            ps,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            lr=traced(group["lr"], ps[0]),
+            weight_decay=traced(group["weight_decay"], ps[0]),
+            beta1=beta1,
+            beta2=beta2,
+            step=step,
+            eps=group["adamw_eps"],
+            eps_form=self.adamw_eps_form,
+        )
 
     def _buffers_of(self, states: list, name: str) -> list:
         return [as_matrix(s[name]) for s in states]
@@ -228,8 +270,8 @@ class Muon(MatrixOptimizer):
             adamw_group_defaults={"lr": adamw_lr, "weight_decay": adamw_wd},
         )
 
-    def _validate(self, group: dict) -> None:
-        super()._validate(group)
+    def _validate_group(self, group: dict) -> None:
+        super()._validate_group(group)
         _checks.flag(self.owner, "nesterov", group["nesterov"])
 
     def _momentum(self, group, grads, states, outs) -> None:
@@ -242,7 +284,7 @@ class Muon(MatrixOptimizer):
 
 
 class Moonlight(MatrixOptimizer):
-    r"""Muon in the Moonlight form (Liu et al., 2025), MARS_SPEC section 3 with gamma = 0.
+    r"""Muon in the Moonlight form (Liu et al., 2025), docs/algorithms.md section 3 with gamma = 0.
 
     Matrices: M <- beta M + (1 - beta) G; X <- X (1 - lr wd) - lr 0.2 sqrt(max(A, B)) NS(M), with the
     Moonlight Newton-Schulz (bfloat16) and the weight decay on the unscaled lr. nesterov=True
@@ -285,8 +327,8 @@ class Moonlight(MatrixOptimizer):
         )
         super().__init__(params, muon_params, adamw_params, defaults, fused)
 
-    def _validate(self, group: dict) -> None:
-        super()._validate(group)
+    def _validate_group(self, group: dict) -> None:
+        super()._validate_group(group)
         _checks.flag(self.owner, "nesterov", group["nesterov"])
 
     def _momentum(self, group, grads, states, outs) -> None:

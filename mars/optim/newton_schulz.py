@@ -1,4 +1,4 @@
-"""Quintic Newton-Schulz orthogonalisation (MARS_SPEC sections 1 and 3), batched over same-shaped matrices.
+"""Quintic Newton-Schulz orthogonalisation (docs/algorithms.md 1.6, 3), batched over same-shaped matrices.
 
 Both forms iterate the same polynomial X <- a X + b (X X^T) X + c (X X^T)^2 X with
 (a, b, c) = (3.4445, -4.7750, 2.0315) on X with rows <= cols, in bfloat16; they differ in how they
@@ -8,6 +8,10 @@ normalise the input and how they write the iteration:
   X = a X + b B + c A B.  eps is the optimizer's eps for MARS-Shampoo (1e-8) and 1e-7 for Muon.
 - "moonlight" (Moonlight, MARS-M): transpose first, X / (||X||_F + 1e-7) with the norm of the
   bfloat16 matrix, then A = X X^T, B = b A + c A^2, X = a X + B X.
+
+bfloat16 is by design, whatever the parameters' dtype (the reference does the same): the
+optimizers apply the bfloat16 result in each parameter's own dtype, so float64 parameters lose
+precision only in the orthogonalised direction, not in the accumulated weights.
 
 A batch (n, r, c) runs as batched matmuls (torch.baddbmm fuses each step's additions into the GEMM);
 on this project's CPUs (AMX) bfloat16 matmuls are ~2.4x faster than float32 and a batch of 4

@@ -1,4 +1,4 @@
-"""Plain per-parameter reference updates written straight from MARS_SPEC.md, for the tests.
+"""Plain per-parameter reference updates written straight from docs/algorithms.md, for the tests.
 
 One tensor at a time, one operation per line, no fusion, no buckets: obviously right rather than
 fast. Every function updates `p` and the `state` dict in place; `g_prev` is passed explicitly (the

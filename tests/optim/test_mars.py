@@ -1,4 +1,4 @@
-"""MARS against the plain reference of MARS_SPEC sections 1, 2 and 5, and its special cases."""
+"""MARS against the plain reference of docs/algorithms.md sections 1, 2 and 5, and its special cases."""
 
 from __future__ import annotations
 

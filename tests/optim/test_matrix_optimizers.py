@@ -1,4 +1,4 @@
-"""Muon, Moonlight and MARS-M against the plain reference (MARS_SPEC sections 3 and 4)."""
+"""Muon, Moonlight and MARS-M against the plain reference (docs/algorithms.md sections 3 and 4)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mars.model import GPT, GPTConfig  # noqa: E402
 from mars.optim import Muon, build_optimizer  # noqa: E402
-from mars.optim.config import OptimizerConfig  # noqa: E402
 
 # name -> (config overrides, description); configs are the reference GPT-2 small ones (configs/optimizer).
 ROWS = {
@@ -61,7 +60,7 @@ def build(name: str, model: nn.Module):
             {"params": [p for p in model.parameters() if p.ndim != 2], "use_muon": False},
         ]
         return Muon(groups, lr=0.02)
-    return build_optimizer(model, {**vars(OptimizerConfig()), **overrides})
+    return build_optimizer(model, overrides)  # the optimizer's own defaults for the keys not given
 
 
 def state_bytes(opt) -> int:

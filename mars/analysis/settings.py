@@ -6,9 +6,9 @@ each other. The rule, in one place:
 * seeds (SEED_KEYS) separate repetitions of one setting: runs that differ only there form a group;
 * bookkeeping keys (where a run lives, how it is logged, checkpointed or shown: IGNORED_KEYS,
   IGNORED_PREFIXES) never separate runs and are never shown;
-* an optimizer key that the run's optimizer does not read (NOT_APPLICABLE, e.g. gamma for AdamW)
-  is dropped: configs written before optimizer configs were strict still carry such keys, and
-  they must neither split groups nor appear in labels;
+* an optimizer key that the run's optimizer does not take (not a field of its registered config,
+  e.g. gamma for AdamW) is dropped: run dirs written before optimizer configs were strict still
+  carry such keys, and they must neither split groups nor appear in labels;
 * every other key is a setting: runs that differ in one are never averaged together;
 * COMPARABILITY_KEYS (training length, batch, data, model shape) may differ between groups only
   when a sweep varied them on purpose (see mars.analysis.groups.check_comparable).
@@ -37,22 +37,6 @@ IGNORED_KEYS = frozenset(
 )
 IGNORED_PREFIXES = ("logger.", "downstream.", "hydra.")
 
-# optimizer.* keys each optimizer does not read (mars.optim.groups.build_optimizer). Listing what is
-# *not* read, rather than what is, keeps any key added later a setting until someone says otherwise.
-_MATRIX_ONLY = ("momentum", "nesterov", "ns_steps", "lean")
-_MARS_ONLY = ("gamma", "approx", "clip_c", "optimize_1d", "two_dim_rule")
-_ONE_D = ("lr_1d", "betas_1d", "weight_decay_1d")
-NOT_APPLICABLE: dict[str, frozenset[str]] = {
-    "adamw": frozenset({*_MATRIX_ONLY, *_MARS_ONLY, *_ONE_D}),
-    "lion": frozenset({*_MATRIX_ONLY, *_MARS_ONLY, *_ONE_D, "eps"}),
-    "muon": frozenset({*_MARS_ONLY, "betas", "lean"}),
-    "moonlight": frozenset({*_MARS_ONLY, "betas", "lean", "lr_1d", "weight_decay_1d"}),
-    "mars_m": frozenset({"betas", "nesterov", "optimize_1d", "two_dim_rule", "lr_1d", "weight_decay_1d"}),
-    "mars_adamw": frozenset(_MATRIX_ONLY),
-    "mars_lion": frozenset(_MATRIX_ONLY),
-    "mars_shampoo": frozenset(_MATRIX_ONLY),
-}
-
 MODEL_SHAPE_KEYS = ("model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.vocab_size")
 DATA_KEYS = ("data.name", "data.dir", "data.hf_path", "data.hf_config", "data.paths")
 COMPARABILITY_KEYS = ("train.max_steps", "train.global_batch_size", *DATA_KEYS, *MODEL_SHAPE_KEYS)
@@ -64,11 +48,17 @@ def is_ignored(key: str) -> bool:
 
 
 def applies(key: str, optimizer: Any) -> bool:
-    """Whether a config key is read by a run with this optimizer (non-optimizer keys always are)."""
+    """Whether a config key is read by a run with this optimizer (non-optimizer keys always are): the
+    keys of its registered config (mars.optim.registry). An optimizer this version does not know keeps
+    every key (a setting until someone says otherwise)."""
     if not key.startswith("optimizer."):
         return True
-    field_name = key.split(".", 1)[1]
-    return field_name not in NOT_APPLICABLE.get(str(optimizer), frozenset())
+    from mars.optim import optimizer_names, registered
+
+    if str(optimizer) not in optimizer_names():
+        return True
+    field_name = key.split(".", 2)[1]
+    return field_name in registered(str(optimizer)).config.keys()
 
 
 def settings_of(flat: dict[str, Any], keep_seeds: bool = False) -> dict[str, Any]:

@@ -5,10 +5,15 @@
     Lion        Lion                                                               (lion.py)
     Muon        Muon with AdamW for embeddings, head and 1-D tensors                (muon.py)
     Moonlight   the Moonlight form of Muon                                          (muon.py)
-    param_groups, build_optimizer   reference grouping; build any of them from a config (groups.py)
-    set_lr_factor                   the trainer's schedule hook                          (lr.py)
-    keep_lr_1d_ratio                step pre-hook: MARS's lr_1d follows a torch lr_scheduler  (lr.py)
+    AdamW       torch.optim.AdamW, registered with its config                       (adamw.py)
+    registry    name -> config dataclass + builder; build_optimizer(model, cfg)    (registry.py)
+    param_groups                    the reference grouping                              (groups.py)
+    set_lr_factor, set_gamma        the trainer's schedule hooks                        (scheduled.py)
+    keep_lr_1d_ratio                step pre-hook: MARS's lr_1d follows a torch lr_scheduler  (scheduled.py)
     newton_schulz                   batched quintic Newton-Schulz                    (newton_schulz.py)
+
+Each optimizer's module defines its class, its config dataclass (the `optimizer.*` keys it takes)
+and registers both; adding an optimizer is one module plus configs/optimizer/NAME.yaml.
 
 Exact mode: `optimizer.needs_previous_grads` is True for MARS/MARSM with is_approx=False; the loop
 then calls `optimizer.stash_previous_grads()` with the next batch's gradient before each step()
@@ -18,28 +23,46 @@ Every optimizer here keeps torch.optim.Optimizer's contract (_contract.py): name
 state_dict round trips (including torch.load(weights_only=True)) that refuse another optimizer's
 state, copy.deepcopy and pickle, step and state-dict hooks, torch.optim.lr_scheduler, and
 torch.compile of a whole training step (approximate mode; exact mode runs its step eagerly there).
+FSDP2-sharded (DTensor) parameters are updated exactly as whole ones (_dist.py, _correction.py).
 """
 
-from .config import OptimizerConfig
-from .groups import OPTIMIZER_NAMES, build_optimizer, param_groups
-from .lion import Lion
-from .lr import keep_lr_1d_ratio, set_lr_factor
-from .mars import MARS
-from .mars_m import MARSM
-from .muon import Moonlight, Muon
+from . import adamw, lion, mars, mars_m, muon  # noqa: F401 - each registers its optimizer(s)
+from .adamw import AdamWConfig
+from .config import GammaScheduleConfig
+from .groups import param_groups
+from .lion import Lion, LionConfig
+from .mars import MARS, MARSConfig, MARSLionConfig, MARSShampooConfig
+from .mars_m import MARSM, MARSMConfig
+from .muon import Moonlight, MoonlightConfig, Muon, MuonConfig
 from .newton_schulz import newton_schulz
+from .registry import build_optimizer, make_config, optimizer_names, registered
+from .scheduled import keep_lr_1d_ratio, set_gamma, set_lr_factor
+
+OPTIMIZER_NAMES = optimizer_names()
 
 __all__ = [
     "MARS",
     "MARSM",
     "OPTIMIZER_NAMES",
+    "AdamWConfig",
+    "GammaScheduleConfig",
     "Lion",
+    "LionConfig",
+    "MARSConfig",
+    "MARSLionConfig",
+    "MARSMConfig",
+    "MARSShampooConfig",
     "Moonlight",
+    "MoonlightConfig",
     "Muon",
-    "OptimizerConfig",
+    "MuonConfig",
     "build_optimizer",
     "keep_lr_1d_ratio",
+    "make_config",
     "newton_schulz",
+    "optimizer_names",
     "param_groups",
+    "registered",
+    "set_gamma",
     "set_lr_factor",
 ]

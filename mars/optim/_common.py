@@ -75,17 +75,16 @@ def as_matrix(t: Tensor) -> Tensor:
     return t if t.ndim == 2 else t.reshape(t.shape[0], -1)
 
 
-def apply_orthogonal_update_(params: list[Tensor], O: Tensor, *, lr, weight_decay, scale: float) -> None:
-    """x <- x (1 - lr wd) - lr scale O_i for the batch O (n, rows, cols) of orthogonalised updates.
+def apply_orthogonal_update_(params: list[Tensor], O, *, lr, weight_decay, scale: float) -> None:
+    """x <- x (1 - lr wd) - lr scale O_i for the orthogonalised updates O (a batch (n, rows, cols), or a
+    list of matrices), each shaped like params[i] as a matrix (a rank's pieces when sharded).
 
     O is bfloat16 (Newton-Schulz runs in bfloat16 by design); the update is applied in each
     parameter's own dtype (a float64 parameter keeps float64 precision outside O itself). lr and
     weight_decay are numbers, or 0-dim tensors inside torch.compile (`traced`)."""
     if isinstance(weight_decay, Tensor) or weight_decay:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
-    updates = [
-        o if o.shape == p.shape else o.reshape(p.shape) for o, p in zip(O.unbind(0), params, strict=True)
-    ]
+    updates = [o if o.shape == p.shape else o.reshape(p.shape) for o, p in zip(O, params, strict=True)]
     if isinstance(lr, Tensor):
         updates = [o.to(p.dtype) for o, p in zip(updates, params, strict=True)]
         torch._foreach_mul_(updates, -lr * scale)

@@ -223,3 +223,53 @@ def replicated_group(group) -> object | None:
     if group is None or not (dist.is_available() and dist.is_initialized()):
         return None
     return group if dist.get_world_size(group) > 1 else None
+
+
+class DistributedOptimizer:
+    """Mixin of the optimizers that run Newton-Schulz or clip c_t: where their parameters live.
+
+    `process_group`: set (constructor argument) when the parameters are replicated over ranks (DDP):
+    Newton-Schulz is then divided over its ranks. Sharded (DTensor) parameters carry their own mesh.
+    Neither a process group nor the cached sharding survives copy.deepcopy or pickle (a copy works on
+    one process, with the same results)."""
+
+    process_group = None
+    _transient = ("process_group", "_sharding_cache")
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        for key in self._transient:
+            if key in state:
+                state[key] = None
+        return state
+
+    def _sharding(self) -> Sharding | None:
+        """The sharding of this optimizer's parameters (None: whole tensors), cached per param-group count."""
+        cache = self.__dict__.get("_sharding_cache")
+        if cache is None or cache[0] != len(self.param_groups):
+            params = [p for group in self.param_groups for p in group["params"]]
+            cache = self._sharding_cache = (len(self.param_groups), sharding_of(params))
+        return cache[1]
+
+    def _orthogonalize(
+        self, batches: list[Tensor], shapes: list[tuple[int, int]], ns: NSFunction
+    ) -> list[list[Tensor]]:
+        """Newton-Schulz of the step's matrices: `batches` holds, per bucket, this rank's pieces of
+        same-shaped matrices (n, rows here, cols) whose whole shape is shapes[bucket]. Returns, per
+        bucket, this rank's pieces of the results. One process: each batch at once, in place; sharded
+        or replicated over ranks: divided over the ranks (see the module docstring)."""
+        sharding = self._sharding()
+        group = None if sharding is not None else replicated_group(self.process_group)
+        if (sharding is None or sharding.world == 1) and group is None:
+            return [list(ns(batch).unbind(0)) for batch in batches]
+        pieces = [x for batch in batches for x in batch.unbind(0)]
+        whole = [shape for batch, shape in zip(batches, shapes, strict=True) for _ in range(batch.shape[0])]
+        if group is None:
+            done = orthogonalize_sharded(pieces, whole, sharding, ns)
+        else:
+            done = orthogonalize_replicated(pieces, group, ns)
+        out, start = [], 0
+        for batch in batches:
+            out.append(done[start : start + batch.shape[0]])
+            start += batch.shape[0]
+        return out

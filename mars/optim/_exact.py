@@ -19,6 +19,8 @@ from collections import defaultdict
 
 import torch
 
+from ._dist import local
+
 
 class PreviousGradsMixin:
     """Needs `is_approx`, `_stashed`, `_takes_previous_grad(p, group) -> bool` and `_step(closure)`
@@ -64,8 +66,8 @@ class PreviousGradsMixin:
                     buf.zero_()
                 else:
                     bufs, grads = buckets[(p.device, p.dtype)]
-                    bufs.append(buf)
-                    grads.append(p.grad)
+                    bufs.append(local(buf))  # a DTensor's shard: the stash stays sharded like p
+                    grads.append(local(p.grad))
         for bufs, grads in buckets.values():
             torch._foreach_copy_(bufs, grads)
         self._stashed = True

@@ -22,22 +22,30 @@ from torch import Tensor
 Tensors = list[Tensor]
 
 
-def clip_unit_norm_(tensors: Tensors) -> None:
-    """Per-tensor unit-norm clip: t <- t / max(||t||_2, 1). A NaN norm propagates into t."""
-    if not tensors:
-        return
-    norms = torch.stack(torch._foreach_norm(tensors)).clamp_(min=1.0)
-    torch._foreach_div_(tensors, list(norms.unbind(0)))
-
-
-def _correction(grads: Tensors, prevs: Tensors, k: float, clip: bool) -> Tensors:
-    """c = g + k (g - g_prev), clipped to unit norm per tensor when `clip`."""
+def _correction(grads: Tensors, prevs: Tensors, k, scales: Tensors | None = None) -> Tensors:
+    """c = g + k (g - g_prev), times each tensor's clip scale 1 / max(||c||, 1) when `scales` is given
+    (0-dim tensors computed beforehand from whole-tensor norms, see mars.optim._correction)."""
     c = torch._foreach_sub(grads, prevs)
     torch._foreach_mul_(c, k)
     torch._foreach_add_(c, grads)
-    if clip:
-        clip_unit_norm_(c)
+    if scales is not None:
+        torch._foreach_mul_(c, scales)
     return c
+
+
+def correction_sqnorms(grads: Tensors, prevs: Tensors, *, k) -> Tensors:
+    """||c||^2 per tensor (0-dim), c = g + k (g - g_prev)."""
+    norms = torch._foreach_norm(_correction(grads, prevs, k))
+    return torch._foreach_mul(norms, norms)
+
+
+def grad_stats(grads: Tensors, prevs: Tensors) -> Tensors:
+    """(||g||^2, ||g_prev||^2, <g, g_prev>) per tensor as (3,) tensors; the inner product from
+    ||g - g_prev||^2 = ||g||^2 + ||g_prev||^2 - 2 <g, g_prev>."""
+    g2 = [n * n for n in torch._foreach_norm(grads)]
+    p2 = [n * n for n in torch._foreach_norm(prevs)]
+    d2 = [n * n for n in torch._foreach_norm(torch._foreach_sub(grads, prevs))]
+    return [torch.stack([a, b, (a + b - d) / 2]) for a, b, d in zip(g2, p2, d2, strict=True)]
 
 
 def _ema_(bufs: Tensors, x: Tensors, beta: float) -> None:
@@ -148,6 +156,7 @@ def mars_(
     prevs,
     exp_avgs,
     exp_avg_sqs,
+    scales,
     *,
     kind,
     lr,
@@ -157,11 +166,11 @@ def mars_(
     step,
     eps,
     gamma,
-    clip,
     max_exp_avg_sqs=None,
 ) -> None:
-    """One MARS-AdamW (kind "adamw") or MARS-Lion (kind "lion") step; then g_prev <- g."""
-    c = _correction(grads, prevs, gamma * beta1 / (1.0 - beta1), clip)
+    """One MARS-AdamW (kind "adamw") or MARS-Lion (kind "lion") step with the clip scales `scales`
+    (None: no clip); then g_prev <- g."""
+    c = _correction(grads, prevs, gamma * beta1 / (1.0 - beta1), scales)
     _ema_(exp_avgs, c, beta1)
     if kind == "adamw":
         _ema_sq_(exp_avg_sqs, c, beta2)
@@ -209,9 +218,10 @@ def ema_momentum_(grads, bufs, outs, *, beta, nesterov) -> None:
     torch._foreach_copy_(outs, src)
 
 
-def mars_momentum_(grads, prevs, bufs, outs, *, beta, gamma, clip, out_scale) -> None:
-    """MARS-M / MARS-Shampoo: m <- beta m + (1 - beta) c~; NS input out_scale * m; g_prev <- g."""
-    c = _correction(grads, prevs, gamma * beta / (1.0 - beta), clip)
+def mars_momentum_(grads, prevs, bufs, outs, scales, *, beta, gamma, out_scale) -> None:
+    """MARS-M / MARS-Shampoo: m <- beta m + (1 - beta) c~ (c~ = scale c); NS input out_scale * m;
+    g_prev <- g."""
+    c = _correction(grads, prevs, gamma * beta / (1.0 - beta), scales)
     _ema_(bufs, c, beta)
     torch._foreach_copy_(prevs, grads)
     torch._foreach_copy_(outs, torch._foreach_mul(bufs, out_scale) if out_scale != 1.0 else bufs)

@@ -1,8 +1,9 @@
 """Fused per-tensor update kernels, compiled with torch.compile (Inductor: C++/OpenMP on CPU, Triton on GPU).
 
 Same functions and signatures as `_foreach.py`. Each tensor is updated by one compiled kernel that
-reads every input once and writes every output once (the MARS clip adds one reduction pass over g
-and g_prev), instead of one memory pass per arithmetic operation. Tensors are flattened so one
+reads every input once and writes every output once, instead of one memory pass per arithmetic
+operation; the MARS clip's norm is one reduction kernel before it (`correction_sqnorms`), whose
+per-tensor scale the update kernel takes as an input. Tensors are flattened so one
 dynamic-shape compilation serves every parameter shape. Hyperparameters travel as one small tensor
 (float32, float64 for float64 tensors) on the parameter's device, so changing lr, gamma or the step
 never recompiles and nothing is read back to the host.
@@ -105,6 +106,14 @@ def _scalars(values: list[float], like: Tensor) -> Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def _unit_scales(scales, tensors: list[Tensor]):
+    """The clip scales as the kernels take them: the given ones, or 1 for every tensor (no clip)."""
+    if scales is not None:
+        return scales
+    like = tensors[0]
+    return [torch.ones((), dtype=_compute_dtype(like.dtype), device=like.device)] * len(tensors)
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -115,7 +124,7 @@ def _wide(t: Tensor) -> Tensor:
 
 
 # ---- kernel bodies (one tensor each). Separate functions, not flags, for variants that change the
-# graph (clip on/off), so each has its own compile cache.
+# graph, so each has its own compile cache.
 
 
 def _sign(x):
@@ -134,12 +143,12 @@ def _adamw_body(p, g, m, v, hp):
     v.copy_(vf)
 
 
-def _mars_body(p, g, gp, m, v, hp, clip: bool):
+def _mars_body(p, g, gp, m, v, hp, s):
+    """s: the tensor's clip scale 1 / max(||c||, 1) (1 without the clip), computed beforehand from the
+    whole tensor's norm (mars.optim._correction), so a shard of a sharded tensor is clipped exactly."""
     lr, wd, b1, b2, bc1, inv_bc2_sqrt, eps, k = hp.unbind(0)
     gf = _wide(g)
-    c = (gf - _wide(gp)) * k + gf
-    if clip:
-        c = c / torch.clamp(torch.linalg.vector_norm(c), min=1.0)
+    c = ((gf - _wide(gp)) * k + gf) * s
     mf = _wide(m) * b1 + c * (1.0 - b1)
     if v is None:  # MARS-Lion
         update = _sign(mf)
@@ -153,20 +162,26 @@ def _mars_body(p, g, gp, m, v, hp, clip: bool):
     gp.copy_(g)
 
 
-def _mars_adamw_clip_body(p, g, gp, m, v, hp):
-    _mars_body(p, g, gp, m, v, hp, True)
+def _mars_adamw_body(p, g, gp, m, v, hp, s):
+    _mars_body(p, g, gp, m, v, hp, s)
 
 
-def _mars_adamw_noclip_body(p, g, gp, m, v, hp):
-    _mars_body(p, g, gp, m, v, hp, False)
+def _mars_lion_body(p, g, gp, m, hp, s):
+    _mars_body(p, g, gp, m, None, hp, s)
 
 
-def _mars_lion_clip_body(p, g, gp, m, hp):
-    _mars_body(p, g, gp, m, None, hp, True)
+def _correction_sq_body(g, gp, hp):
+    """||c||^2 of one tensor (or of this rank's piece of it), c = g + k (g - g_prev)."""
+    k = hp[0]
+    gf = _wide(g)
+    c = (gf - _wide(gp)) * k + gf
+    return (c * c).sum()
 
 
-def _mars_lion_noclip_body(p, g, gp, m, hp):
-    _mars_body(p, g, gp, m, None, hp, False)
+def _grad_stats_body(g, gp):
+    """(||g||^2, ||g_prev||^2, <g, g_prev>) of one tensor: the MARS diagnostics' raw sums."""
+    gf, pf = _wide(g), _wide(gp)
+    return torch.stack([(gf * gf).sum(), (pf * pf).sum(), (gf * pf).sum()])
 
 
 def _lion_body(p, g, m, hp):
@@ -193,24 +208,14 @@ def _ema_momentum_body(g, buf, out, hp, nesterov: bool):
     out.copy_(gf * (1.0 - beta) + bf * beta if nesterov else bf)
 
 
-def _mars_momentum_body(g, gp, buf, out, hp, clip: bool):
+def _mars_momentum_body(g, gp, buf, out, hp, s):
     beta, k, out_scale = hp.unbind(0)
     gf = _wide(g)
-    c = (gf - _wide(gp)) * k + gf
-    if clip:
-        c = c / torch.clamp(torch.linalg.vector_norm(c), min=1.0)
+    c = ((gf - _wide(gp)) * k + gf) * s
     bf = _wide(buf) * beta + c * (1.0 - beta)
     buf.copy_(bf)
     gp.copy_(g)
     out.copy_(bf * out_scale)
-
-
-def _mars_momentum_clip_body(g, gp, buf, out, hp):
-    _mars_momentum_body(g, gp, buf, out, hp, True)
-
-
-def _mars_momentum_noclip_body(g, gp, buf, out, hp):
-    _mars_momentum_body(g, gp, buf, out, hp, False)
 
 
 def _lean_momentum_body(g, buf, out, hp):
@@ -222,12 +227,14 @@ def _lean_momentum_body(g, buf, out, hp):
 
 
 _adamw = _Kernel(_adamw_body)
-_mars_adamw = {True: _Kernel(_mars_adamw_clip_body), False: _Kernel(_mars_adamw_noclip_body)}
-_mars_lion = {True: _Kernel(_mars_lion_clip_body), False: _Kernel(_mars_lion_noclip_body)}
+_mars_adamw = _Kernel(_mars_adamw_body)
+_mars_lion = _Kernel(_mars_lion_body)
+_correction_sq = _Kernel(_correction_sq_body)
+_grad_stats = _Kernel(_grad_stats_body)
 _lion = _Kernel(_lion_body)
 _sgd_momentum = _Kernel(_sgd_momentum_body)
 _ema_momentum = _Kernel(_ema_momentum_body)
-_mars_momentum = {True: _Kernel(_mars_momentum_clip_body), False: _Kernel(_mars_momentum_noclip_body)}
+_mars_momentum = _Kernel(_mars_momentum_body)
 _lean_momentum = _Kernel(_lean_momentum_body)
 
 
@@ -292,6 +299,7 @@ def mars_(
     prevs,
     exp_avgs,
     exp_avg_sqs,
+    scales,
     *,
     kind,
     lr,
@@ -301,7 +309,6 @@ def mars_(
     step,
     eps,
     gamma,
-    clip,
     max_exp_avg_sqs=None,
 ) -> None:
     if max_exp_avg_sqs is not None:
@@ -309,14 +316,45 @@ def mars_(
     bc1, bc2_sqrt = 1.0 - beta1**step, math.sqrt(1.0 - beta2**step)
     k = gamma * beta1 / (1.0 - beta1)
     hp = _scalars([lr, weight_decay, beta1, beta2, bc1, 1.0 / bc2_sqrt, eps, k], params[0])
+    scales = _unit_scales(scales, params)
     if kind == "adamw":
-        kernel = _mars_adamw[clip]
-        for p, g, gp, m, v in zip(params, grads, prevs, exp_avgs, exp_avg_sqs, strict=True):
-            kernel(_flat(p), _flat(g), _flat(gp), _flat(m), _flat(v), hp)
+        for p, g, gp, m, v, sc in zip(params, grads, prevs, exp_avgs, exp_avg_sqs, scales, strict=True):
+            _mars_adamw(_flat(p), _flat(g), _flat(gp), _flat(m), _flat(v), hp, sc)
     else:
-        kernel = _mars_lion[clip]
-        for p, g, gp, m in zip(params, grads, prevs, exp_avgs, strict=True):
-            kernel(_flat(p), _flat(g), _flat(gp), _flat(m), hp)
+        for p, g, gp, m, sc in zip(params, grads, prevs, exp_avgs, scales, strict=True):
+            _mars_lion(_flat(p), _flat(g), _flat(gp), _flat(m), hp, sc)
+
+
+def correction_sqnorms(grads, prevs, *, k) -> list[Tensor]:
+    """||c||^2 per tensor (0-dim, compute dtype), c = g + k (g - g_prev); small tensors multi-tensor."""
+    return _split_by_size(_correction_sqnorms_fused, "correction_sqnorms", grads, prevs, k=k)
+
+
+def _correction_sqnorms_fused(grads, prevs, *, k) -> list[Tensor]:
+    hp = _scalars([k], grads[0])
+    return [_correction_sq(_flat(g), _flat(gp), hp) for g, gp in zip(grads, prevs, strict=True)]
+
+
+def grad_stats(grads, prevs) -> list[Tensor]:
+    """(||g||^2, ||g_prev||^2, <g, g_prev>) per tensor, each a (3,) tensor in the compute dtype."""
+    return _split_by_size(_grad_stats_fused, "grad_stats", grads, prevs)
+
+
+def _grad_stats_fused(grads, prevs) -> list[Tensor]:
+    return [_grad_stats(_flat(g), _flat(gp)) for g, gp in zip(grads, prevs, strict=True)]
+
+
+def _split_by_size(fused_fn, name: str, *lists, **kwargs) -> list[Tensor]:
+    """A per-tensor reduction: the fused kernel on large tensors, the multi-tensor one on small ones,
+    results in input order."""
+    big = [t.numel() >= FUSED_MIN_NUMEL for t in lists[0]]
+    out: list[Tensor | None] = [None] * len(big)
+    for keep, fn in ((False, getattr(_foreach, name)), (True, fused_fn)):
+        idx = [i for i, b in enumerate(big) if b == keep]
+        if idx:
+            for i, r in zip(idx, fn(*[[lst[i] for i in idx] for lst in lists], **kwargs), strict=True):
+                out[i] = r
+    return out
 
 
 @_small_tensors_on_foreach
@@ -341,11 +379,11 @@ def ema_momentum_(grads, bufs, outs, *, beta, nesterov) -> None:
 
 
 @_small_tensors_on_foreach
-def mars_momentum_(grads, prevs, bufs, outs, *, beta, gamma, clip, out_scale) -> None:
+def mars_momentum_(grads, prevs, bufs, outs, scales, *, beta, gamma, out_scale) -> None:
     hp = _scalars([beta, gamma * beta / (1.0 - beta), out_scale], grads[0])
-    kernel = _mars_momentum[clip]
-    for g, gp, b, o in zip(grads, prevs, bufs, outs, strict=True):
-        kernel(_flat(g), _flat(gp), _flat(b), _flat(o), hp)
+    scales = _unit_scales(scales, grads)
+    for g, gp, b, o, sc in zip(grads, prevs, bufs, outs, scales, strict=True):
+        _mars_momentum(_flat(g), _flat(gp), _flat(b), _flat(o), hp, sc)
 
 
 @_small_tensors_on_foreach

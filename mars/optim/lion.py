@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from torch.optim import Optimizer
 
 from . import _checks, _kernels
 from ._common import ensure_buffers, traced
 from ._contract import TorchContract
+from ._dist import local
+from .config import ConfigChecks
+from .groups import param_groups
+from .registry import register
 
 
 class Lion(TorchContract, Optimizer):
@@ -53,11 +59,12 @@ class Lion(TorchContract, Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for params in self._buckets(group).values():
-                grads = [p.grad for p in params]
-                exp_avgs = [self.state[p]["exp_avg"] for p in params]
-                impl = _kernels.select(self.fused, params, grads, exp_avgs)
+                ps = [local(p) for p in params]  # a DTensor's local shard: Lion is elementwise
+                grads = [local(p.grad) for p in params]
+                exp_avgs = [local(self.state[p]["exp_avg"]) for p in params]
+                impl = _kernels.select(self.fused, ps, grads, exp_avgs)
                 impl.lion_(
-                    params,
+                    ps,
                     grads,
                     exp_avgs,
                     lr=traced(group["lr"], params[0]),
@@ -83,3 +90,27 @@ def _validate(group: dict) -> None:
     _checks.non_negative("Lion", "lr", group["lr"])
     _checks.non_negative("Lion", "weight_decay", group["weight_decay"])
     _checks.betas("Lion", "betas", group["betas"])
+
+
+@dataclass
+class LionConfig(ConfigChecks):
+    """optimizer=lion. The MARS reference gives no GPT-2 Lion numbers: the Lion paper's rule of thumb
+    against AdamW (lr 3-10x smaller, weight decay 3-10x larger). Tune before comparing."""
+
+    name: str = "lion"
+    lr: float = 1e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    weight_decay: float = 1.0
+    fused: bool | None = None
+
+    def validate(self) -> None:
+        self._non_negative("lr", "weight_decay")
+        self._pair_of_fractions("betas")
+
+
+def build(model: nn.Module, cfg: LionConfig, process_group=None) -> Lion:
+    groups = param_groups(model, "lion", weight_decay=cfg.weight_decay)
+    return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=cfg.fused)
+
+
+register("lion", LionConfig, build, grouping="decay")

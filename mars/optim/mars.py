@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from torch.optim import Optimizer
 
 from . import _checks, _foreach, _kernels
@@ -19,8 +21,13 @@ from ._common import (
     traced,
 )
 from ._contract import TorchContract
+from ._correction import Diagnostics, Work, scales_and_stats
+from ._dist import DistributedOptimizer, local
 from ._exact import PreviousGradsMixin
+from .config import ConfigChecks, GammaScheduleConfig
+from .groups import param_groups
 from .newton_schulz import orthogonalize_
+from .registry import register
 
 MARS_TYPES = ("mars-adamw", "mars-lion", "mars-shampoo")
 TWO_DIM_RULES = ("eq2", "ge2")
@@ -33,7 +40,7 @@ SCHEDULED = ("lr", "weight_decay", "gamma", "lr_1d", "weight_decay_1d")
 ADAMW_1D, MARS_ADAMW, MARS_LION, MARS_NS = "adamw_1d", "mars_adamw", "mars_lion", "mars_ns"
 
 
-class MARS(PreviousGradsMixin, TorchContract, Optimizer):
+class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
     r"""MARS (Yuan et al., 2024): scaled stochastic recursive momentum + a preconditioned step.
 
     For each tensor taking the MARS path, with k = gamma * beta1 / (1 - beta1)::
@@ -101,6 +108,18 @@ class MARS(PreviousGradsMixin, TorchContract, Optimizer):
     (and, through g_prev, into the next step). Check the global gradient norm before step() and skip
     the step when it is not finite, as this project's trainer does.
 
+    diagnostics=True computes, on the device, the figures of docs/algorithms.md section 8 (||c|| over
+    the MARS tensors, the fraction clipped, the cosine between g and g_prev, ||c - g|| / ||g||) with
+    one extra reduction pass; `read_diagnostics()` returns them (one host read) and resets. The
+    updates are the same with diagnostics on or off.
+
+    Sharded and replicated parameters: with FSDP2 (DTensor parameters, dim-0 shards) the updates run
+    on each rank's shards, the clip of c uses the norm of the whole tensor (all tensors' local squared
+    norms summed in one all-reduce per step) and MARS-Shampoo's Newton-Schulz runs on whole matrices,
+    each at one owner rank (docs/algorithms.md section 9); the results equal the unsharded optimizer's.
+    With DDP (every rank holds every parameter), pass process_group (e.g. torch.distributed.group.WORLD)
+    to divide MARS-Shampoo's Newton-Schulz over the ranks instead of repeating it on each.
+
     Implementation: per-tensor fused kernels compiled with torch.compile where available, else
     multi-tensor torch._foreach_* ops (fused=None picks; True requires the compiled kernels; False
     forces multi-tensor, also used for amsgrad, and inside an outer torch.compile of a training step,
@@ -134,8 +153,11 @@ class MARS(PreviousGradsMixin, TorchContract, Optimizer):
         clip_c=True,
         two_dim_rule="eq2",
         fused=None,
+        diagnostics=False,
+        process_group=None,
     ):
         _checks.flag("MARS", "is_approx", is_approx)
+        _checks.flag("MARS", "diagnostics", diagnostics)
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -154,6 +176,9 @@ class MARS(PreviousGradsMixin, TorchContract, Optimizer):
         _validate(defaults)
         self.is_approx = is_approx
         self.fused = fused
+        self.diagnostics = diagnostics
+        self._diagnostics = Diagnostics()
+        self.process_group = process_group
         self._stashed = False
         super().__init__(params, defaults)
         _kernels.check_fused_flag("MARS", fused, _kernels.first_device(self.param_groups))
@@ -198,21 +223,51 @@ class MARS(PreviousGradsMixin, TorchContract, Optimizer):
 
     @torch.no_grad()
     def _step(self, closure=None):
-        """One MARS step on every tensor with a gradient (`step()` calls it)."""
+        """One MARS step on every tensor with a gradient (`step()` calls it).
+
+        1. bucket the tensors (role, device, dtype, step count) and advance their step counts;
+        2. the clip scales of every MARS-path tensor from whole-tensor norms (one all-reduce when the
+           parameters are sharded), and the diagnostics (mars.optim._correction);
+        3. the elementwise updates, on each rank's local shard; MARS-Shampoo's momentum too;
+        4. MARS-Shampoo's Newton-Schulz over all its matrices at once (divided over ranks when
+           sharded or replicated, mars.optim._dist), then its updates.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self._check_stashed()
-        took_prev = []
+        plan = []
         for group in self.param_groups:
             for (role, _, _, count), params in self._buckets(group).items():
-                step = advance_steps([self.state[p] for p in params], count)
-                self._update(group, role, params, step)
-                if role != ADAMW_1D:
-                    took_prev.extend(params)
+                plan.append((group, role, params, advance_steps([self.state[p] for p in params], count)))
+        mars_path = [b for b in plan if b[1] != ADAMW_1D]
+        work = [
+            Work(
+                grads=[local(p.grad) for p in params],
+                prevs=[local(self.state[p]["last_grad"]) for p in params],
+                k=_k(group),
+                clip=group["clip_c"],
+                fused=self.fused,
+            )
+            for group, _, params, _ in mars_path
+        ]
+        scales, raw = scales_and_stats(work, self._sharding(), self.diagnostics)
+        if raw is not None:
+            self._diagnostics.add(raw)
+        clip_scales = {id(b[2]): sc for b, sc in zip(mars_path, scales, strict=True)}
+        shampoo = []
+        for group, role, params, step in plan:
+            if role == MARS_NS:
+                shampoo.append(
+                    (group, params, self._shampoo_momentum(group, params, clip_scales[id(params)]))
+                )
+            else:
+                self._update(group, role, params, step, clip_scales.get(id(params)))
+        if shampoo:
+            self._shampoo_updates(shampoo)
         if not self.is_approx:
-            self._rotate_previous_grads(took_prev)
+            self._rotate_previous_grads([p for _, _, params, _ in mars_path for p in params])
         return loss
 
     def _buckets(self, group: dict) -> dict[tuple, list]:
@@ -230,22 +285,23 @@ class MARS(PreviousGradsMixin, TorchContract, Optimizer):
             buckets[(role, p.device, p.dtype, bucket_step(count))].append(p)
         return buckets
 
-    def _update(self, group: dict, role: str, params: list, step) -> None:
-        """Dispatch one bucket to its kernel. step: the bucket's step count, or (inside torch.compile)
-        the list of its step counters."""
+    def _update(self, group: dict, role: str, params: list, step, scales) -> None:
+        """Dispatch one elementwise bucket to its kernel, on local shards. step: the bucket's step
+        count, or (inside torch.compile) the list of its step counters; scales: its clip scales."""
         hp = {key: traced(group[key], params[0]) for key in SCHEDULED}
-        grads = [p.grad for p in params]
         states = [self.state[p] for p in params]
-        exp_avgs = [s["exp_avg"] for s in states]
+        ps = [local(p) for p in params]
+        grads = [local(p.grad) for p in params]
+        exp_avgs = [local(s["exp_avg"]) for s in states]
         amsgrad = group["amsgrad"] and role in (ADAMW_1D, MARS_ADAMW)
-        exp_avg_sqs = [s["exp_avg_sq"] for s in states] if role in (ADAMW_1D, MARS_ADAMW) else None
-        maxes = [s["max_exp_avg_sq"] for s in states] if amsgrad else None
-        impl = _foreach if amsgrad else _kernels.select(self.fused, params, grads, exp_avgs)
+        exp_avg_sqs = [local(s["exp_avg_sq"]) for s in states] if role in (ADAMW_1D, MARS_ADAMW) else None
+        maxes = [local(s["max_exp_avg_sq"]) for s in states] if amsgrad else None
+        impl = _foreach if amsgrad else _kernels.select(self.fused, ps, grads, exp_avgs)
         beta1, beta2 = group["betas"]
         if role == ADAMW_1D:
             beta1_1d, beta2_1d = group["betas_1d"]
             impl.adamw_(
-                params,
+                ps,
                 grads,
                 exp_avgs,
                 exp_avg_sqs,
@@ -257,54 +313,102 @@ class MARS(PreviousGradsMixin, TorchContract, Optimizer):
                 eps=group["eps"],
                 max_exp_avg_sqs=maxes,
             )
-        elif role == MARS_NS:
-            self._shampoo(group, hp, params, grads, states)
-        else:
-            impl.mars_(
-                params,
-                grads,
-                [s["last_grad"] for s in states],
-                exp_avgs,
-                exp_avg_sqs,
-                kind="adamw" if role == MARS_ADAMW else "lion",
-                lr=hp["lr"],
-                weight_decay=hp["weight_decay"],
-                beta1=beta1,
-                beta2=beta2,
-                step=step,
-                eps=group["eps"],
-                gamma=hp["gamma"],
-                clip=group["clip_c"],
-                max_exp_avg_sqs=maxes,
-            )
+            return
+        impl.mars_(
+            ps,
+            grads,
+            [local(s["last_grad"]) for s in states],
+            exp_avgs,
+            exp_avg_sqs,
+            scales,
+            kind="adamw" if role == MARS_ADAMW else "lion",
+            lr=hp["lr"],
+            weight_decay=hp["weight_decay"],
+            beta1=beta1,
+            beta2=beta2,
+            step=step,
+            eps=group["eps"],
+            gamma=hp["gamma"],
+            max_exp_avg_sqs=maxes,
+        )
 
-    def _shampoo(self, group: dict, hp: dict, params: list, grads: list, states: list) -> None:
-        """MARS-Shampoo on matrices: same-shaped ones share one batched Newton-Schulz."""
+    def _shampoo_momentum(self, group: dict, params: list, scales) -> dict[tuple, list]:
+        """MARS-Shampoo's momentum for a bucket of matrices: m <- beta1 m + (1 - beta1) c~; returns, per
+        matrix shape, (indices, the bfloat16 batch of Newton-Schulz inputs m / (1 - beta1))."""
         beta1 = group["betas"][0]
         by_shape = defaultdict(list)
         for i, p in enumerate(params):
             by_shape[matrix_shape(p)].append(i)
-        for (rows, cols), idx in by_shape.items():
-            ps = [params[i] for i in idx]
-            gs = [as_matrix(grads[i]) for i in idx]
-            prevs = [as_matrix(states[i]["last_grad"]) for i in idx]
-            bufs = [as_matrix(states[i]["exp_avg"]) for i in idx]
-            X = torch.empty((len(idx), rows, cols), dtype=torch.bfloat16, device=ps[0].device)
+        batches = {}
+        for shape, idx in by_shape.items():
+            gs = [as_matrix(local(params[i].grad)) for i in idx]
+            prevs = [as_matrix(local(self.state[params[i]]["last_grad"])) for i in idx]
+            bufs = [as_matrix(local(self.state[params[i]]["exp_avg"])) for i in idx]
+            X = torch.empty((len(idx), *gs[0].shape), dtype=torch.bfloat16, device=gs[0].device)
             impl = _kernels.select(self.fused, gs, prevs, bufs)
             impl.mars_momentum_(
                 gs,
                 prevs,
                 bufs,
                 list(X.unbind(0)),
+                None if scales is None else [scales[i] for i in idx],
                 beta=beta1,
-                gamma=hp["gamma"],
-                clip=group["clip_c"],
+                gamma=traced(group["gamma"], params[0]),
                 out_scale=1.0 / (1.0 - beta1),
             )
-            O = orthogonalize_(X, steps=NS_STEPS, eps=group["eps"], form="reference")
-            apply_orthogonal_update_(
-                ps, O, lr=hp["lr"], weight_decay=hp["weight_decay"], scale=max(1.0, rows / cols) ** 0.5
-            )
+            batches[shape] = (idx, X)
+        return batches
+
+    def _shampoo_updates(self, shampoo: list) -> None:
+        """Newton-Schulz over every MARS-Shampoo matrix of the step, then x <- x (1 - lr wd) - lr
+        sqrt(max(1, rows/cols)) NS(m / (1 - beta1)) on each (local pieces when sharded)."""
+        entries = [
+            (group, [params[i] for i in idx], shape, X)
+            for group, params, batches in shampoo
+            for shape, (idx, X) in batches.items()
+        ]
+        eps = {group["eps"] for group, *_ in entries}
+        if len(eps) != 1:  # groups with different eps normalise differently: one Newton-Schulz each
+            for group, ps, shape, X in entries:
+                self._shampoo_apply(group, ps, shape, self._orthogonalize([X], [shape], _ns(group["eps"]))[0])
+            return
+        results = self._orthogonalize(
+            [X for *_, X in entries], [shape for *_, shape, _ in entries], _ns(eps.pop())
+        )
+        for (group, ps, shape, _), O in zip(entries, results, strict=True):
+            self._shampoo_apply(group, ps, shape, O)
+
+    @staticmethod
+    def _shampoo_apply(group: dict, params: list, shape: tuple[int, int], O) -> None:
+        rows, cols = shape
+        apply_orthogonal_update_(
+            [local(p) for p in params],
+            O,
+            lr=traced(group["lr"], params[0]),
+            weight_decay=traced(group["weight_decay"], params[0]),
+            scale=max(1.0, rows / cols) ** 0.5,
+        )
+
+    def read_diagnostics(self) -> dict[str, float]:
+        """The MARS diagnostics since the last call (diagnostics=True; docs/algorithms.md section 8): means
+        over the steps of mars/c_norm_mean, mars/clip_fraction, mars/grad_cos, mars/correction_ratio and
+        the max of mars/c_norm_max. One read from the device; {} when off or no step was taken."""
+        return self._diagnostics.read()
+
+
+def _k(group: dict):
+    """k = gamma beta1 / (1 - beta1), the weight of g - g_prev in c."""
+    beta1 = group["betas"][0]
+    return traced(group["gamma"], group["params"][0]) * beta1 / (1.0 - beta1)
+
+
+def _ns(eps: float):
+    """MARS-Shampoo's Newton-Schulz: the reference form, NS_STEPS iterations, its eps."""
+
+    def ns(batch):
+        return orthogonalize_(batch, steps=NS_STEPS, eps=eps, form="reference")
+
+    return ns
 
 
 def _validate(group: dict) -> None:
@@ -317,3 +421,77 @@ def _validate(group: dict) -> None:
     _checks.choice(owner, "two_dim_rule", group["two_dim_rule"], TWO_DIM_RULES)
     for name in ("amsgrad", "optimize_1d", "clip_c"):
         _checks.flag(owner, name, group[name])
+
+
+@dataclass
+class MARSConfig(ConfigChecks):
+    """optimizer=mars_adamw (mars_lion and mars_shampoo take the same keys). GPT-2 small reference
+    (docs/algorithms.md section 6): lr 6e-3, betas (0.95, 0.99), gamma 0.025, wd 0.01 on matrices (0 on
+    embeddings); tensors < 2-D take AdamW with lr_1d 3e-3, betas_1d (0.9, 0.95), weight_decay_1d 0.1."""
+
+    name: str = "mars_adamw"
+    lr: float = 6e-3
+    betas: list[float] = field(default_factory=lambda: [0.95, 0.99])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    gamma: float = 0.025  # peak gamma; gamma_schedule shapes it over the steps (the trainer drives it)
+    gamma_schedule: GammaScheduleConfig = field(default_factory=GammaScheduleConfig)
+    approx: bool = True  # false: exact MARS, two gradients per step
+    clip_c: bool = True  # the per-tensor unit-norm clip of c_t
+    optimize_1d: bool = False  # true: tensors < 2-D take the MARS update too
+    lr_1d: float = 3e-3
+    betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay_1d: float = 0.1
+    two_dim_rule: str = "eq2"  # eq2: ndim == 2 takes the matrix rule (reference) | ge2: ndim >= 2
+    diagnostics: bool = False  # log mars/* figures (docs/algorithms.md section 8)
+    fused: bool | None = None  # None: compiled kernels where available; false: multi-tensor ops
+
+    def validate(self) -> None:
+        self._non_negative("lr", "eps", "weight_decay", "gamma", "lr_1d", "weight_decay_1d")
+        self._pair_of_fractions("betas", "betas_1d")
+        self._choice("two_dim_rule", TWO_DIM_RULES)
+        self.gamma_schedule.validate(self.gamma)
+
+
+@dataclass
+class MARSLionConfig(MARSConfig):
+    """optimizer=mars_lion: the MARS-AdamW values; the reference tunes only MARS-AdamW."""
+
+    name: str = "mars_lion"
+
+
+@dataclass
+class MARSShampooConfig(MARSConfig):
+    """optimizer=mars_shampoo: the MARS-AdamW values; the reference tunes only MARS-AdamW."""
+
+    name: str = "mars_shampoo"
+
+
+def build(model: nn.Module, cfg: MARSConfig, process_group=None) -> MARS:
+    return MARS(
+        param_groups(model, cfg.name, weight_decay=cfg.weight_decay),
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        gamma=cfg.gamma,
+        is_approx=cfg.approx,
+        mars_type=cfg.name.replace("_", "-"),
+        optimize_1d=cfg.optimize_1d,
+        lr_1d=cfg.lr_1d,
+        betas_1d=tuple(cfg.betas_1d),
+        weight_decay_1d=cfg.weight_decay_1d,
+        clip_c=cfg.clip_c,
+        two_dim_rule=cfg.two_dim_rule,
+        fused=cfg.fused,
+        diagnostics=cfg.diagnostics,
+        process_group=process_group,
+    )
+
+
+for _name, _config in (
+    ("mars_adamw", MARSConfig),
+    ("mars_lion", MARSLionConfig),
+    ("mars_shampoo", MARSShampooConfig),
+):
+    register(_name, _config, build, grouping="decay", trainer_keys=("gamma_schedule",))

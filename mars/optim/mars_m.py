@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from torch import nn
+
 from . import _checks, _kernels
-from ._common import traced
+from ._common import as_matrix, traced
+from ._correction import Diagnostics, Work, scales_and_stats
+from ._dist import local
 from ._exact import PreviousGradsMixin
+from .config import ConfigChecks, GammaScheduleConfig
+from .groups import param_groups
 from .muon import MatrixOptimizer
+from .registry import register
 
 
 class MARSM(PreviousGradsMixin, MatrixOptimizer):
@@ -60,9 +69,17 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
         *,
         lean=False,
         fused=None,
+        diagnostics=False,
+        process_group=None,
     ):
         _checks.flag(self.owner, "is_approx", is_approx)
         _checks.flag(self.owner, "lean", lean)
+        _checks.flag(self.owner, "diagnostics", diagnostics)
+        if lean and diagnostics:
+            raise ValueError(
+                f"{self.owner}: invalid diagnostics=True with lean=True: the lean variant keeps no previous "
+                "gradient to measure c_t against; set lean=False"
+            )
         if clip_c is None:
             clip_c = not lean
         if lean and clip_c:
@@ -76,6 +93,8 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             )
         self.is_approx = is_approx
         self.lean = lean
+        self.diagnostics = diagnostics
+        self._diagnostics = Diagnostics()
         self._stashed = False
         self.matrix_buffers = ("momentum_buffer",) if lean else ("momentum_buffer", "last_grad")
         defaults = dict(
@@ -88,7 +107,7 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             gamma=gamma,
             clip_c=clip_c,
         )
-        super().__init__(params, muon_params, adamw_params, defaults, fused)
+        super().__init__(params, muon_params, adamw_params, defaults, fused, process_group=process_group)
 
     def _validate_group(self, group: dict) -> None:
         super()._validate_group(group)
@@ -123,7 +142,29 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             return {"lean": (True, "matrices with 'momentum_buffer' alone (the one-buffer variant)")}
         return {}
 
-    def _momentum(self, group, grads, states, outs) -> None:
+    def _clip_scales(self, matrices: list) -> list:
+        """Clip scales 1 / max(||C||, 1) of every matrix from whole-matrix norms (one all-reduce when
+        sharded), and the diagnostics; none for the lean variant."""
+        if self.lean:
+            return [None] * len(matrices)
+        work = []
+        for group, _, params in matrices:
+            beta = group["momentum"]
+            work.append(
+                Work(
+                    grads=[as_matrix(local(p.grad)) for p in params],
+                    prevs=[as_matrix(local(self.state[p]["last_grad"])) for p in params],
+                    k=traced(group["gamma"], params[0]) * beta / (1.0 - beta),
+                    clip=group["clip_c"],
+                    fused=self.fused,
+                )
+            )
+        scales, raw = scales_and_stats(work, self._sharding(), self.diagnostics)
+        if raw is not None:
+            self._diagnostics.add(raw)
+        return scales
+
+    def _momentum(self, group, grads, states, outs, scales) -> None:
         bufs = self._buffers_of(states, "momentum_buffer")
         gamma = traced(group["gamma"], grads[0])
         if self.lean:
@@ -133,15 +174,12 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
         prevs = self._buffers_of(states, "last_grad")
         impl = _kernels.select(self.fused, grads, bufs, prevs)
         impl.mars_momentum_(
-            grads,
-            prevs,
-            bufs,
-            outs,
-            beta=group["momentum"],
-            gamma=gamma,
-            clip=group["clip_c"],
-            out_scale=1.0,
+            grads, prevs, bufs, outs, scales, beta=group["momentum"], gamma=gamma, out_scale=1.0
         )
+
+    def read_diagnostics(self) -> dict[str, float]:
+        """The MARS diagnostics since the last call (diagnostics=True; see mars.optim._correction)."""
+        return self._diagnostics.read()
 
     def _scale(self, rows: int, cols: int) -> float:
         return 0.2 * max(rows, cols) ** 0.5
@@ -152,3 +190,65 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
     def _after_step(self, matrices: list) -> None:
         if not self.is_approx:
             self._rotate_previous_grads(matrices)
+
+
+@dataclass
+class MARSMConfig(ConfigChecks):
+    """optimizer=mars_m. GPT-2 small (docs/algorithms.md sections 3 and 6): lr 6e-3, momentum 0.95,
+    gamma 0.025, wd 0.01, clip on; embeddings, head and 1-D tensors take AdamW with the same lr and wd
+    and betas_1d. Exact mode: approx=false; one-buffer variant: lean=true (unclipped, approximate)."""
+
+    name: str = "mars_m"
+    lr: float = 6e-3
+    weight_decay: float = 0.01
+    momentum: float = 0.95
+    gamma: float = 0.025  # peak gamma; gamma_schedule shapes it over the steps (the trainer drives it)
+    gamma_schedule: GammaScheduleConfig = field(default_factory=GammaScheduleConfig)
+    approx: bool = True
+    clip_c: bool | None = None  # None: on, except with lean=true (the lean variant has no clip)
+    lean: bool = False
+    ns_steps: int = 5
+    betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    diagnostics: bool = False
+    fused: bool | None = None
+
+    def validate(self) -> None:
+        self._non_negative("lr", "weight_decay", "gamma", "eps")
+        self._fraction("momentum")
+        self._pair_of_fractions("betas_1d")
+        self._at_least_one("ns_steps")
+        self.gamma_schedule.validate(self.gamma)
+        if self.lean:
+            if self.clip_c:
+                self._fail(
+                    "clip_c", "cannot be true with lean=true: the lean variant is the unclipped MARS-M"
+                )
+            if not self.approx:
+                self._fail("approx", "must be true with lean=true: the lean variant is approximate only")
+            if self.diagnostics:
+                self._fail("diagnostics", "needs lean=false: the lean variant keeps no previous gradient")
+            if self.momentum == 0:
+                self._fail("momentum", "must be > 0 with lean=true: the lean update divides by it")
+
+
+def build(model: nn.Module, cfg: MARSMConfig, process_group=None) -> MARSM:
+    return MARSM(
+        param_groups(model, "mars_m"),
+        lr=cfg.lr,
+        wd=cfg.weight_decay,
+        momentum=cfg.momentum,
+        ns_steps=cfg.ns_steps,
+        adamw_betas=tuple(cfg.betas_1d),
+        adamw_eps=cfg.eps,
+        gamma=cfg.gamma,
+        clip_c=cfg.clip_c,
+        is_approx=cfg.approx,
+        lean=cfg.lean,
+        fused=cfg.fused,
+        diagnostics=cfg.diagnostics,
+        process_group=process_group,
+    )
+
+
+register("mars_m", MARSMConfig, build, grouping="matrix", trainer_keys=("gamma_schedule",))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from . import _checks, _kernels
@@ -20,12 +22,16 @@ from ._common import (
     traced,
 )
 from ._contract import TorchContract, named_tensor
+from ._dist import DistributedOptimizer, local
+from .config import ConfigChecks
+from .groups import param_groups
 from .newton_schulz import orthogonalize_
+from .registry import register
 
 MATRIX, ADAMW = "matrix", "adamw"
 
 
-class MatrixOptimizer(TorchContract, Optimizer):
+class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
     """Base of Muon, Moonlight and MARS-M: matrices get an orthogonalised momentum step, the rest AdamW.
 
     Param groups carry "use_muon": True for hidden weight matrices (tensors of fewer than 2 dims in
@@ -50,8 +56,18 @@ class MatrixOptimizer(TorchContract, Optimizer):
     adamw_eps_form = "torch"
     matrix_buffers: tuple[str, ...] = ("momentum_buffer",)
 
-    def __init__(self, params, muon_params, adamw_params, defaults: dict, fused, adamw_group_defaults=None):
+    def __init__(
+        self,
+        params,
+        muon_params,
+        adamw_params,
+        defaults: dict,
+        fused,
+        adamw_group_defaults=None,
+        process_group=None,
+    ):
         self.fused = fused
+        self.process_group = process_group
         self._adamw_group_defaults = adamw_group_defaults or {}
         super().__init__(self._collect(params, muon_params, adamw_params), defaults)
         _kernels.check_fused_flag(self.owner, fused, _kernels.first_device(self.param_groups))
@@ -124,8 +140,9 @@ class MatrixOptimizer(TorchContract, Optimizer):
 
     # ---- the parts a subclass defines
 
-    def _momentum(self, group: dict, grads: list, states: list, outs: list) -> None:
-        """Update the momentum state of same-shaped matrices; write the Newton-Schulz inputs to outs."""
+    def _momentum(self, group: dict, grads: list, states: list, outs: list, scales) -> None:
+        """Update the momentum state of same-shaped matrices; write the Newton-Schulz inputs to outs.
+        grads and outs are (local) matrices; scales: MARS-M's clip scales (None elsewhere)."""
         raise NotImplementedError
 
     def _scale(self, rows: int, cols: int) -> float:
@@ -146,21 +163,56 @@ class MatrixOptimizer(TorchContract, Optimizer):
 
     @torch.no_grad()
     def _step(self, closure=None):
+        """AdamW on the non-matrices (local shards); the matrices' momentum (and MARS-M's clip scales,
+        from whole-tensor norms) into bfloat16 Newton-Schulz inputs; one Newton-Schulz over all of the
+        step's matrices (divided over ranks when sharded or replicated); then the matrix updates."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self._before_step()
-        stepped = []
+        matrices = []
         for group in self.param_groups:
             for key, params in self._buckets(group).items():
                 if key[0] == MATRIX:
-                    self._matrix_update(group, key, params)
-                    stepped.extend(params)
+                    matrices.append((group, key, params))
                 else:
                     self._adamw_update(group, key, params)
-        self._after_step(stepped)
+        scales = self._clip_scales(matrices)
+        inputs = [
+            self._matrix_momentum(group, params, sc)
+            for (group, _, params), sc in zip(matrices, scales, strict=True)
+        ]
+        by_steps = defaultdict(list)
+        for i, (group, _, _) in enumerate(matrices):
+            by_steps[group["ns_steps"]].append(i)
+        for steps, idx in by_steps.items():
+            ns = functools.partial(orthogonalize_, steps=steps, eps=self.ns_eps, form=self.ns_form)
+            results = self._orthogonalize([inputs[i] for i in idx], [matrices[i][1][1] for i in idx], ns)
+            for i, O in zip(idx, results, strict=True):
+                group, (_, (rows, cols), _, _), params = matrices[i]
+                lr, weight_decay = traced(group["lr"], params[0]), traced(group["weight_decay"], params[0])
+                apply_orthogonal_update_(
+                    [local(p) for p in params],
+                    O,
+                    lr=lr,
+                    weight_decay=weight_decay,
+                    scale=self._scale(rows, cols),
+                )
+        self._after_step([p for _, _, params in matrices for p in params])
         return loss
+
+    def _clip_scales(self, matrices: list) -> list:
+        """Per matrix bucket, the clip scales of c (MARS-M); None: no clip."""
+        return [None] * len(matrices)
+
+    def _matrix_momentum(self, group: dict, params: list, scales) -> torch.Tensor:
+        """The momentum update of a bucket of same-shaped matrices; returns their bfloat16 Newton-Schulz
+        inputs (n, rows here, cols): this rank's pieces when sharded."""
+        grads = [as_matrix(local(p.grad)) for p in params]
+        X = torch.empty((len(params), *grads[0].shape), dtype=torch.bfloat16, device=grads[0].device)
+        self._momentum(group, grads, [self.state[p] for p in params], list(X.unbind(0)), scales)
+        return X
 
     def _buckets(self, group: dict) -> dict[tuple, list]:
         """The group's tensors with a gradient: matrices by (MATRIX, (rows, cols), device, dtype), one
@@ -181,23 +233,15 @@ class MatrixOptimizer(TorchContract, Optimizer):
                 buckets[(ADAMW, p.device, p.dtype, bucket_step(count))].append(p)
         return buckets
 
-    def _matrix_update(self, group: dict, key: tuple, ps: list) -> None:
-        _, (rows, cols), device, _ = key
-        X = torch.empty((len(ps), rows, cols), dtype=torch.bfloat16, device=device)
-        self._momentum(group, [as_matrix(p.grad) for p in ps], [self.state[p] for p in ps], list(X.unbind(0)))
-        O = orthogonalize_(X, steps=group["ns_steps"], eps=self.ns_eps, form=self.ns_form)
-        lr, weight_decay = traced(group["lr"], ps[0]), traced(group["weight_decay"], ps[0])
-        apply_orthogonal_update_(ps, O, lr=lr, weight_decay=weight_decay, scale=self._scale(rows, cols))
-
     def _adamw_update(self, group: dict, key: tuple, ps: list) -> None:
         step = advance_steps([self.state[p] for p in ps], key[-1])
         beta1, beta2 = group["adamw_betas"]
-        grads = [p.grad for p in ps]
-        exp_avgs = [self.state[p]["exp_avg"] for p in ps]
-        exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in ps]
-        impl = _kernels.select(self.fused, ps, grads, exp_avgs)
+        grads = [local(p.grad) for p in ps]
+        exp_avgs = [local(self.state[p]["exp_avg"]) for p in ps]
+        exp_avg_sqs = [local(self.state[p]["exp_avg_sq"]) for p in ps]
+        impl = _kernels.select(self.fused, grads, grads, exp_avgs)
         impl.adamw_(
-            ps,
+            [local(p) for p in ps],
             grads,
             exp_avgs,
             exp_avg_sqs,
@@ -211,7 +255,7 @@ class MatrixOptimizer(TorchContract, Optimizer):
         )
 
     def _buffers_of(self, states: list, name: str) -> list:
-        return [as_matrix(s[name]) for s in states]
+        return [as_matrix(local(s[name])) for s in states]
 
 
 class Muon(MatrixOptimizer):
@@ -249,6 +293,7 @@ class Muon(MatrixOptimizer):
         adamw_eps=1e-8,
         adamw_wd=0.1,
         fused=None,
+        process_group=None,
     ):
         _checks.non_negative(self.owner, "adamw_lr", adamw_lr)
         _checks.non_negative(self.owner, "adamw_wd", adamw_wd)
@@ -268,13 +313,14 @@ class Muon(MatrixOptimizer):
             defaults,
             fused,
             adamw_group_defaults={"lr": adamw_lr, "weight_decay": adamw_wd},
+            process_group=process_group,
         )
 
     def _validate_group(self, group: dict) -> None:
         super()._validate_group(group)
         _checks.flag(self.owner, "nesterov", group["nesterov"])
 
-    def _momentum(self, group, grads, states, outs) -> None:
+    def _momentum(self, group, grads, states, outs, scales) -> None:
         bufs = self._buffers_of(states, "momentum_buffer")
         impl = _kernels.select(self.fused, grads, bufs)
         impl.sgd_momentum_(grads, bufs, outs, momentum=group["momentum"], nesterov=group["nesterov"])
@@ -315,6 +361,7 @@ class Moonlight(MatrixOptimizer):
         adamw_eps=1e-8,
         *,
         fused=None,
+        process_group=None,
     ):
         defaults = dict(
             lr=lr,
@@ -325,16 +372,99 @@ class Moonlight(MatrixOptimizer):
             adamw_betas=tuple(adamw_betas),
             adamw_eps=adamw_eps,
         )
-        super().__init__(params, muon_params, adamw_params, defaults, fused)
+        super().__init__(params, muon_params, adamw_params, defaults, fused, process_group=process_group)
 
     def _validate_group(self, group: dict) -> None:
         super()._validate_group(group)
         _checks.flag(self.owner, "nesterov", group["nesterov"])
 
-    def _momentum(self, group, grads, states, outs) -> None:
+    def _momentum(self, group, grads, states, outs, scales) -> None:
         bufs = self._buffers_of(states, "momentum_buffer")
         impl = _kernels.select(self.fused, grads, bufs)
         impl.ema_momentum_(grads, bufs, outs, beta=group["momentum"], nesterov=group["nesterov"])
 
     def _scale(self, rows: int, cols: int) -> float:
         return 0.2 * max(rows, cols) ** 0.5
+
+
+@dataclass
+class MuonConfig(ConfigChecks):
+    """optimizer=muon. GPT-2 small reference: lr 2e-2, wd 0, Nesterov momentum 0.95, 5 Newton-Schulz
+    steps; embeddings, head and 1-D tensors take AdamW with lr_1d 3e-3, betas_1d (0.9, 0.95), wd 0.1."""
+
+    name: str = "muon"
+    lr: float = 2e-2
+    weight_decay: float = 0.0
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    lr_1d: float = 3e-3  # the AdamW side (embeddings, head, 1-D tensors)
+    betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay_1d: float = 0.1
+    eps: float = 1e-8
+    fused: bool | None = None
+
+    def validate(self) -> None:
+        self._non_negative("lr", "weight_decay", "lr_1d", "weight_decay_1d", "eps")
+        self._fraction("momentum")
+        self._pair_of_fractions("betas_1d")
+        self._at_least_one("ns_steps")
+
+
+@dataclass
+class MoonlightConfig(ConfigChecks):
+    """optimizer=moonlight, as in the MARS-M paper's GPT-2 small runs: lr 6e-3, momentum 0.95, wd 0.1
+    (decoupled, unscaled lr), update scale 0.2 sqrt(max(A, B)); no Nesterov (nesterov: true gives
+    Moonshot's variant). The AdamW side uses the same lr and weight decay, and betas_1d."""
+
+    name: str = "moonlight"
+    lr: float = 6e-3
+    weight_decay: float = 0.1
+    momentum: float = 0.95
+    nesterov: bool = False
+    ns_steps: int = 5
+    betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    fused: bool | None = None
+
+    def validate(self) -> None:
+        self._non_negative("lr", "weight_decay", "eps")
+        self._fraction("momentum")
+        self._pair_of_fractions("betas_1d")
+        self._at_least_one("ns_steps")
+
+
+def build_muon(model: nn.Module, cfg: MuonConfig, process_group=None) -> Muon:
+    return Muon(
+        param_groups(model, "muon"),
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        ns_steps=cfg.ns_steps,
+        weight_decay=cfg.weight_decay,
+        adamw_lr=cfg.lr_1d,
+        adamw_betas=tuple(cfg.betas_1d),
+        adamw_eps=cfg.eps,
+        adamw_wd=cfg.weight_decay_1d,
+        fused=cfg.fused,
+        process_group=process_group,
+    )
+
+
+def build_moonlight(model: nn.Module, cfg: MoonlightConfig, process_group=None) -> Moonlight:
+    return Moonlight(
+        param_groups(model, "moonlight"),
+        lr=cfg.lr,
+        wd=cfg.weight_decay,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        ns_steps=cfg.ns_steps,
+        adamw_betas=tuple(cfg.betas_1d),
+        adamw_eps=cfg.eps,
+        fused=cfg.fused,
+        process_group=process_group,
+    )
+
+
+register("muon", MuonConfig, build_muon, grouping="matrix")
+register("moonlight", MoonlightConfig, build_moonlight, grouping="matrix")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -82,6 +83,31 @@ def one_line(e: BaseException) -> str:
     return "; ".join(parts)
 
 
+_FOREIGN_KEY = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<cls>\w+)'\s+full_key: optimizer\.")
+
+
+def optimizer_key_error(e: BaseException) -> str | None:
+    """For a key the chosen optimizer does not take: one line naming the key, the optimizer and the
+    keys it does take (None for any other error)."""
+    from mars.optim import optimizer_names, registered
+
+    texts = []
+    while e is not None and len(texts) < 5:
+        texts.append(str(e))
+        e = e.__cause__ or e.__context__
+    text = "\n".join(texts)
+    m = _FOREIGN_KEY.search(text)
+    if m is None:
+        return None
+    name = next((n for n in optimizer_names() if registered(n).config.__name__ == m["cls"]), None)
+    if name is None:
+        return None
+    where = re.search(r"In '([^']+)'", text)
+    source = f" (set in {where.group(1)})" if where else ""
+    keys = ", ".join(k for k in registered(name).config.keys() if k != "name")
+    return f"optimizer.{m['key']}{source}: optimizer={name} has no key '{m['key']}'; its keys: {keys}"
+
+
 def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -105,18 +131,20 @@ def precheck(argv: list[str]) -> None:
         return
     try:
         combos = _sweep_combinations(args.overrides) if args.multirun else [args.overrides]
-        with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="train"):
-            if env_rank() == 0:
-                _check_output_dir(compose, args, combos[0])
-            for combo in combos[:MAX_PRECHECKED_JOBS]:
-                cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=combo)
-                try:
-                    validate(cfg, env_world_size())
-                except ConfigError as e:
-                    where = f" (sweep job {' '.join(combo)})" if args.multirun else ""
-                    raise ConfigError(f"{e}{where}") from None
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(one_line(e)) from None
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="train"):
+        for i, combo in enumerate(combos[:MAX_PRECHECKED_JOBS]):
+            where = f" (sweep job {' '.join(combo)})" if args.multirun else ""
+            try:
+                cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=combo)
+                validate(cfg, env_world_size())
+            except ConfigError as e:
+                raise ConfigError(f"{e}{where}") from None
+            except (HydraException, OmegaConfBaseException) as e:
+                raise ConfigError(f"{optimizer_key_error(e) or one_line(e)}{where}") from None
+            if i == 0 and env_rank() == 0:
+                _check_output_dir(compose, args, combo)
 
 
 def _check_output_dir(compose, args, overrides: list[str]) -> None:

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
 from mars.data.config import DataConfig
 from mars.model.config import GPTConfig
-from mars.optim.config import OptimizerConfig
 
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 GRAD_REDUCTIONS = ("mean", "sum")
@@ -108,7 +108,7 @@ class LaunchConfig:
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    optimizer: Any = MISSING  # the chosen optimizer's own config dataclass (mars.optim registry)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -116,9 +116,19 @@ class Config:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
 
 
+SCHEMA_GROUP = "schema/optimizer"
+
+
 def register_configs() -> None:
-    """Store the schema as `base_config` (the first entry of configs/config.yaml's defaults)."""
-    ConfigStore.instance().store(name="base_config", node=Config)
+    """Store the schema as `base_config` (the first entry of configs/config.yaml's defaults), and each
+    registered optimizer's config dataclass as schema/optimizer/NAME, which configs/optimizer/NAME.yaml
+    extends: a key that optimizer does not take then fails when the config is composed."""
+    from mars.optim import optimizer_names, registered
+
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    for name in optimizer_names():
+        store.store(group=SCHEMA_GROUP, name=name, node=registered(name).config)
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -197,6 +207,7 @@ def validate(cfg: Any, world_size: int = 1) -> None:
     if n_head < 1 or n_embd % n_head != 0:
         raise ConfigError(f"model.n_embd={n_embd} must be a multiple of model.n_head={n_head}")
     _check_model(cfg)
+    _check_optimizer(cfg)
     _check_device(str(_get(cfg, "train.device")))
     _check_parallel(cfg, world_size)
     if _get(cfg, "downstream.interval") > 0 and not _get(cfg, "downstream.tasks"):
@@ -257,4 +268,27 @@ def _check_parallel(cfg: Any, world_size: int) -> None:
             raise ConfigError(
                 f"train.parallel=fsdp with train.backend={backend} on {'CUDA' if cuda else 'CPU'}: FSDP2 "
                 f"runs on {wanted} there; drop train.backend (or set it to {wanted})"
+            )
+
+
+def _check_optimizer(cfg: Any) -> None:
+    """The optimizer's own value checks (betas in [0, 1), gamma >= 0, its gamma schedule, ...)."""
+    from omegaconf import OmegaConf
+
+    from mars.optim import make_config
+
+    node = _get(cfg, "optimizer")
+    try:
+        opt = make_config(OmegaConf.to_object(node) if OmegaConf.is_config(node) else node)
+        opt.validate()
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    schedule = getattr(opt, "gamma_schedule", None)
+    max_steps = int(_get(cfg, "train.max_steps"))
+    if schedule is not None and schedule.name != "constant" and schedule.decay_steps is None:
+        if max_steps <= schedule.warmup_steps:
+            raise ConfigError(
+                "optimizer.gamma_schedule ends before it starts: its decay ends at train.max_steps="
+                f"{max_steps}, not after warmup_steps={schedule.warmup_steps}; set decay_steps or lower "
+                "warmup_steps"
             )

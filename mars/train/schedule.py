@@ -1,4 +1,6 @@
-"""Learning-rate schedules as a multiplier on the optimizer's base learning rates.
+"""Schedules of the two hyperparameters the trainer drives every step: the lr factor and gamma.
+
+LRSchedule: learning-rate schedules as a multiplier on the optimizer's base learning rates.
 
 The trainer applies `LRSchedule(step)` through mars.optim.set_lr_factor, which scales every
 learning-rate-like entry (lr, lr_1d) from its initial value, so lr_1d / lr stays fixed as in
@@ -62,6 +64,45 @@ class LRSchedule:
             progress = min(1.0, (step - self.stable_end) / span) if span > 0 else 1.0
             return 1.0 - progress * (1.0 - m)
         progress = min(1.0, (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps))
-        if self.name == "linear":
-            return 1.0 - progress * (1.0 - m)
-        return m + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - m)  # cosine
+        return m + _remaining(self.name, progress) * (1.0 - m)
+
+
+def _remaining(shape: str, progress: float) -> float:
+    """How much of the way from the end value back to the peak remains at `progress` in [0, 1]."""
+    if shape == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+
+
+class GammaSchedule:
+    """gamma_t of the MARS family (optimizer.gamma_schedule; docs/algorithms.md section 7).
+
+    Linear warmup from `start` (at step 0) to `peak` (optimizer.gamma, reached at step warmup_steps),
+    then `constant` at the peak, or a `linear` / `cosine` decay to `end`, reached at `decay_steps`
+    (null: train.max_steps) and kept after it. Values are absolute: gamma_t is what the optimizer uses
+    at step t.
+    """
+
+    def __init__(self, peak: float, cfg, max_steps: int):
+        try:
+            cfg.validate(peak)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.peak, self.name = float(peak), cfg.name
+        self.start, self.end = float(cfg.start), float(cfg.end)
+        self.warmup_steps = int(cfg.warmup_steps)
+        self.decay_steps = int(cfg.decay_steps if cfg.decay_steps is not None else max_steps)
+        if self.name != "constant" and self.decay_steps <= self.warmup_steps:
+            raise ConfigError(
+                f"optimizer.gamma_schedule ends before it starts: its decay ends at train.max_steps="
+                f"{max_steps}, not after warmup_steps={self.warmup_steps}; set decay_steps or lower "
+                "warmup_steps"
+            )
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.start + (self.peak - self.start) * step / self.warmup_steps
+        if self.name == "constant":
+            return self.peak
+        progress = min(1.0, (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps))
+        return self.end + _remaining(self.name, progress) * (self.peak - self.end)

@@ -34,7 +34,7 @@ from mars.train.distributed import DistInfo, all_reduce_sum, barrier
 from mars.train.health import HealthMonitor
 from mars.train.metrics import Metrics, MetricsFile, Progress
 from mars.train.resume import load_optimizer_state
-from mars.train.schedule import LRSchedule
+from mars.train.schedule import GammaSchedule, LRSchedule
 
 log = logging.getLogger(__name__)
 
@@ -157,11 +157,18 @@ class Trainer:
         if resume_from is not None:
             ckpt.check_model_shape(resume_from, c.model)
             ckpt.load_model_state(self.raw_model, resume_from)
-        self.optimizer = build_optimizer(self.raw_model, c.optimizer)
+        # DDP: Newton-Schulz is divided over the ranks (FSDP2's DTensor parameters carry their mesh)
+        replicated = torch.distributed.group.WORLD if dist.distributed and not self.fsdp else None
+        self.optimizer = build_optimizer(self.raw_model, c.optimizer, process_group=replicated)
         self.exact = bool(getattr(self.optimizer, "needs_previous_grads", False))
         self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
         self.param_names = {id(p): n for n, p in self.raw_model.named_parameters()}
         self.schedule = LRSchedule.from_config(c.schedule, c.optimizer.lr, t.max_steps)
+        self.gamma_schedule = (
+            GammaSchedule(c.optimizer.gamma, c.optimizer.gamma_schedule, t.max_steps)
+            if hasattr(c.optimizer, "gamma_schedule")
+            else None
+        )
 
         self.eval_model = torch.compile(self.raw_model) if use_compile and not self.fsdp else self.raw_model
         self.model = self.eval_model
@@ -387,11 +394,13 @@ class Trainer:
 
     def train_step(self) -> StepResult:
         """One optimizer step at self.state.step (skipped when the gradient norm is not finite)."""
-        from mars.optim import set_lr_factor
+        from mars.optim import set_gamma, set_lr_factor
 
         s, t = self.state, self.cfg.train
         factor = self.schedule(s.step)
         set_lr_factor(self.optimizer, factor)
+        if self.gamma_schedule is not None:
+            set_gamma(self.optimizer, self.gamma_schedule(s.step))
         loss_sum, norm = self.forward_backward_step(s.step)
         stop = torch.tensor(float(self._stop_signal is not None), device=self.device)
         if self.dist.distributed:
@@ -523,6 +532,10 @@ class Trainer:
             "ms_per_step": 1000 * win.seconds / win.steps,
             "tokens_per_s": tokens_per_s,
         }
+        if self.gamma_schedule is not None:
+            record["gamma"] = float(self.optimizer.param_groups[0]["gamma"])  # the value it used
+        if getattr(self.optimizer, "diagnostics", False) and self.dist.is_main:
+            record.update(self.optimizer.read_diagnostics())  # the one read of the device-side sums
         if self.device.type == "cuda":
             from mars.model.flops import flops_per_token, mfu
 

@@ -97,3 +97,11 @@ def set_random_grads(model, seed, scale=0.3):
     gen = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         p.grad = (torch.randn(p.shape, generator=gen) * scale).to(p.dtype)
+
+
+def applicable(name: str, **keys) -> dict:
+    """An optimizer config mapping of `keys` that optimizer `name` takes (configs are strict)."""
+    from mars.optim import registered
+
+    taken = set(registered(name).config.keys())
+    return {"name": name, **{k: v for k, v in keys.items() if k in taken}}

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 from omegaconf import OmegaConf
-from optim_helpers import TinyGPT, set_random_grads
+from optim_helpers import TinyGPT, applicable, set_random_grads
 from torch import nn
 
 from mars.optim import (
@@ -16,11 +16,12 @@ from mars.optim import (
     MARSM,
     OPTIMIZER_NAMES,
     Lion,
+    LionConfig,
     Moonlight,
     Muon,
-    OptimizerConfig,
     build_optimizer,
     param_groups,
+    registered,
     set_lr_factor,
 )
 
@@ -98,11 +99,12 @@ EXPECTED_CLASS = {
 def test_configs_load_and_build_every_optimizer(name):
     path = CONFIG_DIR / f"{name}.yaml"
     plain = yaml.safe_load(path.read_text())
+    assert plain.pop("defaults") == [f"/schema/optimizer/{name}@_here_", "_self_"]  # its own schema
     assert plain["name"] == name
-    assert set(plain) <= set(OptimizerConfig.__dataclass_fields__), f"{path}: unknown keys"
-    merged = OmegaConf.merge(OmegaConf.structured(OptimizerConfig), OmegaConf.load(path))
+    assert set(plain) <= set(registered(name).config.keys()), f"{path}: keys {name} does not take"
+    merged = OmegaConf.merge(OmegaConf.structured(registered(name).config), plain)
     model = TinyGPT()
-    opt = build_optimizer(model, merged)
+    opt = build_optimizer(model, OmegaConf.to_object(merged))
     assert type(opt) is EXPECTED_CLASS[name]
     assert opt.needs_previous_grads is False
     assert opt.param_groups[0]["lr"] == plain["lr"]
@@ -115,6 +117,7 @@ def test_reference_hyperparameters_reach_the_optimizers():
 
     def build(name, **kw):
         cfg = yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text())
+        cfg.pop("defaults")
         return build_optimizer(model, {**cfg, **kw})
 
     mars = build("mars_adamw")
@@ -147,15 +150,17 @@ def test_reference_hyperparameters_reach_the_optimizers():
 def test_build_optimizer_rejects_unknown_names_and_keys():
     with pytest.raises(ValueError, match="unknown optimizer name 'adam'"):
         build_optimizer(TinyGPT(), {"name": "adam"})
-    with pytest.raises(ValueError, match="'learning_rate'"):
+    with pytest.raises(ValueError, match="optimizer=adamw has no key 'learning_rate'; its keys: lr, betas,"):
         build_optimizer(TinyGPT(), {"name": "adamw", "learning_rate": 1e-3})
-    assert type(build_optimizer(TinyGPT(), OptimizerConfig(name="lion"))) is Lion
+    with pytest.raises(ValueError, match="optimizer=adamw has no key 'lr_1d'"):
+        build_optimizer(TinyGPT(), {"name": "adamw", "lr_1d": 1e-3})
+    assert type(build_optimizer(TinyGPT(), LionConfig())) is Lion
 
 
 @pytest.mark.parametrize("name", ["mars_adamw", "adamw", "muon"])
 def test_set_lr_factor_scales_from_the_initial_values_and_survives_a_checkpoint(name):
     model = TinyGPT()
-    opt = build_optimizer(model, {"name": name, "lr": 1e-2, "lr_1d": 4e-3})
+    opt = build_optimizer(model, applicable(name, lr=1e-2, lr_1d=4e-3))
     initial = [(g["lr"], g.get("lr_1d")) for g in opt.param_groups]
     set_lr_factor(opt, 0.5)
     set_lr_factor(opt, 0.25)  # not compounded
@@ -163,7 +168,7 @@ def test_set_lr_factor_scales_from_the_initial_values_and_survives_a_checkpoint(
         assert g["lr"] == pytest.approx(0.25 * lr)
         if lr_1d is not None:
             assert g["lr_1d"] == pytest.approx(0.25 * lr_1d)
-    resumed = build_optimizer(TinyGPT(), {"name": name, "lr": 1e-2, "lr_1d": 4e-3})
+    resumed = build_optimizer(TinyGPT(), applicable(name, lr=1e-2, lr_1d=4e-3))
     resumed.load_state_dict(opt.state_dict())
     set_lr_factor(resumed, 0.1)
     for g, (lr, lr_1d) in zip(resumed.param_groups, initial, strict=True):
@@ -205,14 +210,14 @@ def test_every_optimizer_lowers_a_least_squares_loss(name, exact):
 
     opt = build_optimizer(
         model,
-        {
-            "name": name,
-            "lr": DESCENT_LR[name],
-            "lr_1d": DESCENT_LR[name],
-            "approx": not exact,
-            "weight_decay": 0.0,
-            "weight_decay_1d": 0.0,
-        },
+        applicable(
+            name,
+            lr=DESCENT_LR[name],
+            lr_1d=DESCENT_LR[name],
+            approx=not exact,
+            weight_decay=0.0,
+            weight_decay_1d=0.0,
+        ),
     )
     with torch.no_grad():
         start = sum(loss(x) for x in batches[:8]).item()

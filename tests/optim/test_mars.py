@@ -319,5 +319,5 @@ def test_default_path_uses_the_compiled_kernels_where_a_compiler_exists():
     p, q = torch.nn.Parameter(torch.randn(256, 160)), torch.nn.Parameter(torch.randn(5))
     p.grad, q.grad = torch.randn(256, 160), torch.randn(5)
     MARS([p, q], optimize_1d=True).step()
-    assert _fused._mars_adamw[True]._compiled is not None
+    assert _fused._mars_adamw._compiled is not None and _fused._correction_sq._compiled is not None
     assert small.numel() < _fused.FUSED_MIN_NUMEL <= big.numel()

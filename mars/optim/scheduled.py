@@ -1,4 +1,5 @@
-"""Learning-rate schedule hook: the one place the trainer touches an optimizer's learning rates."""
+"""The values a schedule drives every step: the learning-rate factor and MARS's gamma_t. The one place
+the trainer touches an optimizer's hyperparameters during a run."""
 
 from __future__ import annotations
 
@@ -46,3 +47,13 @@ def _keep_lr_1d_ratio(optimizer: Optimizer) -> None:
         if "lr_1d" in group and group.get("initial_lr"):
             base = group.setdefault("initial_lr_1d", group["lr_1d"])
             group["lr_1d"] = base * group["lr"] / group["initial_lr"]
+
+
+def set_gamma(optimizer: Optimizer, gamma: float) -> None:
+    """Set gamma (the weight of the variance-reduction correction) in every param group that has one
+    (MARS, MARS-M), for the next step(). The optimizers read it from the group each step: a Python
+    number here, so nothing is recompiled and nothing is read back from the device."""
+    gamma = float(gamma)
+    for group in optimizer.param_groups:
+        if "gamma" in group:
+            group["gamma"] = gamma

@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install train test test-fast test-slow lint
+.PHONY: install train test test-fast test-slow lint gpu-check
 
 # CPU torch where no CUDA driver is present: a pinned version resolves to the CPU wheel here,
 # an unpinned `torch` would pull the multi-GB CUDA build.
@@ -24,3 +24,8 @@ test-fast: install
 
 lint:
 	$(PYTHON) -m ruff check .
+
+# On a CUDA machine: the CUDA tests, benchmarks and environment in one report (gpu_check/ or $OUT).
+# Installs nothing; ARGS="--dry-run" runs it on the CPU with tiny sizes.
+gpu-check:
+	@PYTHON=$(PYTHON) bash scripts/gpu_check.sh $(ARGS)

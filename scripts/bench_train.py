@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout without pip install
+
 # name -> optimizer overrides
 OPTIMIZERS = {
     "adamw": ["optimizer=adamw"],

@@ -52,20 +52,22 @@ ROWS = {
 BASELINES = {"mars_shampoo": "muon_same_tensors", "mars_m": "moonlight"}
 
 
-def build(name: str, model: nn.Module):
+def build(name: str, model: nn.Module, process_group=None):
     overrides, _ = ROWS[name]
     if overrides is None:  # Muon with MARS-Shampoo's split: every matrix orthogonalised, 1-D on AdamW
         groups = [
             {"params": [p for p in model.parameters() if p.ndim == 2], "use_muon": True},
             {"params": [p for p in model.parameters() if p.ndim != 2], "use_muon": False},
         ]
-        return Muon(groups, lr=0.02)
-    return build_optimizer(model, overrides)  # the optimizer's own defaults for the keys not given
+        return Muon(groups, lr=0.02, process_group=process_group)
+    # the optimizer's own defaults for the keys not given
+    return build_optimizer(model, overrides, process_group=process_group)
 
 
 def state_bytes(opt) -> int:
+    """Bytes of optimizer state held by this process (a DTensor's local shard only)."""
     return sum(
-        v.numel() * v.element_size()
+        (v.to_local() if hasattr(v, "to_local") else v).numel() * v.element_size()
         for s in opt.state.values()
         for v in s.values()
         if isinstance(v, torch.Tensor)
@@ -77,8 +79,8 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_row(name, model, n_params, steps, warmup, device):
-    opt = build(name, model)
+def time_row(name, model, n_params, steps, warmup, device, process_group=None):
+    opt = build(name, model, process_group)
     sync(device)
     t0 = time.perf_counter()
     opt.step()
@@ -99,6 +101,7 @@ def time_row(name, model, n_params, steps, warmup, device):
         "ms_per_step": 1e3 * statistics.median(times),
         "first_step_ms": 1e3 * first,
         "state_bytes_per_param": state_bytes(opt) / n_params,
+        "state_bytes": state_bytes(opt),
     }
     del opt
     return row
@@ -114,7 +117,21 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--only", default=None, help="comma-separated row names; default all: " + ",".join(ROWS))
     ap.add_argument("--json", type=Path, default=None, help="write the rows as a JSON list")
+    ap.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="W > 1: W CPU processes (gloo), Newton-Schulz divided over them; per-rank ms/step against W=1",
+    )
+    ap.add_argument(
+        "--parallel",
+        choices=["ddp", "fsdp"],
+        default="ddp",
+        help="with --world-size: replicated parameters (ddp) or FSDP2 shards (fsdp: state bytes per rank)",
+    )
     args = ap.parse_args(argv)
+    if args.world_size > 1:
+        return run_distributed(args)
     names = list(ROWS) if args.only is None else args.only.split(",")
     unknown = [n for n in names if n not in ROWS]
     if unknown:
@@ -162,6 +179,131 @@ def main(argv=None) -> int:
         )
     if args.json:
         args.json.write_text(json.dumps(list(rows.values()), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- --world-size W
+
+DIVIDED_ROWS = ("muon", "mars_shampoo", "mars_m")
+
+
+def _model(n_layer: int, shard=None):
+    from mars.train.trainer import build_model
+
+    return build_model(GPTConfig(n_layer=n_layer), torch.device("cpu"), seed=0, shard=shard)
+
+
+def _random_grads(model) -> None:
+    """The same gradients on every rank (and in the W=1 run): drawn whole, sliced for DTensor shards."""
+    from mars.model.io import copy_full_
+
+    gen = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        full = torch.randn(p.shape, generator=gen) * 1e-3
+        p.grad = torch.zeros_like(p)
+        copy_full_(p.grad, full)
+
+
+def _rank(rank: int, world: int, init_file: str, out: str, args) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(args.threads or 1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        n_layer = args.n_layer or (4 if args.small else 12)
+        shard = None
+        if args.parallel == "fsdp":
+            from mars.train.parallel import device_mesh, parallelize
+
+            mesh = device_mesh(world, 1, "cpu")
+
+            def shard(m):
+                parallelize(m, mesh, mixed_precision=False)
+
+        model = _model(n_layer, shard)
+        _random_grads(model)
+        n_params = sum(p.numel() for p in model.parameters())
+        group = dist.group.WORLD if args.parallel == "ddp" else None
+        rows = [
+            time_row(name, model, n_params, args.steps, args.warmup, torch.device("cpu"), group)
+            for name in args.names
+        ]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, rows)
+        if rank == 0:
+            Path(out).write_text(json.dumps(gathered))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(args) -> int:
+    """Per-rank optimizer step time with W ranks (each `--threads`, default 1: one rank stands for one
+    device) against one process with the same threads, and optimizer-state bytes per rank."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    args.names = args.only.split(",") if args.only else list(DIVIDED_ROWS)
+    unknown = [n for n in args.names if n not in ROWS]
+    if unknown:
+        raise SystemExit(f"error: unknown row(s) {unknown}; choose from {list(ROWS)}")
+    threads = args.threads or 1
+    torch.set_num_threads(threads)
+    n_layer = args.n_layer or (4 if args.small else 12)
+    single = _model(n_layer)
+    _random_grads(single)
+    n_params = sum(p.numel() for p in single.parameters())
+    base = {
+        n: time_row(n, single, n_params, args.steps, args.warmup, torch.device("cpu")) for n in args.names
+    }
+    del single
+    with tempfile.TemporaryDirectory(prefix="bench_optim_") as tmp:
+        out = Path(tmp, "rows.json")
+        mp.start_processes(
+            _rank,
+            args=(args.world_size, str(Path(tmp, "init")), str(out), args),
+            nprocs=args.world_size,
+            start_method="spawn",
+        )
+        per_rank = json.loads(out.read_text())
+    print(
+        f"GPT-2 shapes, {n_layer} layers, {n_params / 1e6:.1f}M parameters; W={args.world_size} gloo CPU "
+        f"ranks ({args.parallel}) x {threads} thread(s) against 1 process x {threads} thread(s); "
+        f"median of {args.steps}"
+    )
+    header = (
+        f"{'optimizer':<20} {'W=1 ms':>9} {'per-rank ms (max)':>18} {'x W=1':>7} "
+        f"{'state MB/rank (max)':>20} {'state MB, W=1':>14}"
+    )
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for i, name in enumerate(args.names):
+        ranks = [r[i] for r in per_rank]
+        ms = max(r["ms_per_step"] for r in ranks)
+        state = max(r["state_bytes"] for r in ranks)
+        row = {
+            "name": name,
+            "world_size": args.world_size,
+            "parallel": args.parallel,
+            "threads_per_rank": threads,
+            "ms_per_step": ms,
+            "ms_per_step_per_rank": [r["ms_per_step"] for r in ranks],
+            "baseline": f"{name} W=1",
+            "baseline_ms_per_step": base[name]["ms_per_step"],
+            "ratio_to_baseline": ms / base[name]["ms_per_step"],
+            "state_bytes_per_rank": [r["state_bytes"] for r in ranks],
+            "state_bytes_w1": base[name]["state_bytes"],
+            "state_bytes_per_param": state / n_params,
+        }
+        rows.append(row)
+        print(
+            f"{name:<20} {row['baseline_ms_per_step']:>9.1f} {ms:>18.1f} {row['ratio_to_baseline']:>7.2f} "
+            f"{state / 2**20:>20.1f} {base[name]['state_bytes'] / 2**20:>14.1f}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
 

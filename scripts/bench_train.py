@@ -29,6 +29,7 @@ OPTIMIZERS = {
     "adamw": ["optimizer=adamw"],
     "mars_adamw_approx": ["optimizer=mars_adamw", "optimizer.approx=true"],
     "mars_adamw_exact": ["optimizer=mars_adamw", "optimizer.approx=false"],
+    "mars_adamw_diagnostics": ["optimizer=mars_adamw", "optimizer.diagnostics=true"],
     "mars_m": ["optimizer=mars_m"],
 }
 BASELINE = "adamw"
@@ -39,7 +40,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir: Path) -> dict:
+def optimizer_state_bytes(optimizer) -> int:
+    """Optimizer state held by this process (a DTensor's local shard only)."""
+    return sum(
+        (v.to_local() if hasattr(v, "to_local") else v).numel() * v.element_size()
+        for s in optimizer.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor)
+    )
+
+
+def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir: Path, info=None) -> dict:
     from mars.data import ensure_prepared
     from mars.train.cli import compose_config
     from mars.train.distributed import DistInfo, resolve_device
@@ -47,7 +58,8 @@ def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir:
 
     cfg = compose_config([*overrides, *OPTIMIZERS[name]])
     ensure_prepared(cfg.data)
-    trainer = Trainer(cfg, run_dir / name, DistInfo(device=resolve_device(cfg.train.device)))
+    info = info or DistInfo(device=resolve_device(cfg.train.device))
+    trainer = Trainer(cfg, run_dir / name, info)
     device = trainer.device
     for _ in range(warmup):  # compile, allocator and cache warm-up
         trainer.train_step()
@@ -71,6 +83,9 @@ def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir:
         "steps": steps,
         "device": str(device),
         "model": f"{cfg.model.n_layer}L/{cfg.model.n_embd}d/T{cfg.model.block_size}",
+        "parallel": cfg.train.parallel,
+        "world_size": info.world_size,
+        "optimizer_state_bytes": optimizer_state_bytes(trainer.optimizer),
     }
     if device.type == "cuda":
         from mars.model.flops import flops_per_token, mfu
@@ -97,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), default=list(OPTIMIZERS))
     p.add_argument("--json", type=Path, help="write the rows as a JSON list")
+    p.add_argument("--world-size", type=int, default=1, help="ranks (CPU processes with gloo, or GPUs)")
+    p.add_argument(
+        "--parallel", nargs="+", choices=["ddp", "fsdp"], default=["ddp"], help="layouts to measure (each)"
+    )
+    p.add_argument("--threads-per-rank", type=int, default=1, help="torch CPU threads of each rank")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. data.root=/data")
     args = p.parse_args(argv)
 
@@ -119,17 +139,30 @@ def main(argv: list[str] | None = None) -> int:
     names = list(args.optimizers)
     if BASELINE not in names:
         names.insert(0, BASELINE)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
-        for name in names:
-            rows.append(bench_one(name, overrides, args.steps, args.warmup, Path(tmp)))
-            print(f"  {name}: {rows[-1]['ms_per_step']:.1f} ms/step", file=sys.stderr, flush=True)
-    base = next(r for r in rows if r["name"] == BASELINE)
+    if args.world_size > 1 or args.parallel != ["ddp"]:
+        rows = run_ranks(args, names, overrides)
+    else:
+        rows = []
+        with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
+            for name in names:
+                rows.append(bench_one(name, overrides, args.steps, args.warmup, Path(tmp)))
+                print(f"  {name}: {rows[-1]['ms_per_step']:.1f} ms/step", file=sys.stderr, flush=True)
     for r in rows:
+        base = next(b for b in rows if b["name"] == BASELINE and b["parallel"] == r["parallel"])
         r["baseline"] = BASELINE
         r["ratio_to_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
         r["step_time_ratio_to_baseline"] = r["ms_per_step"] / base["ms_per_step"]
+    if len(rows) > len(names):  # several layouts: one table, the layout in each row
+        print_layouts(rows, args)
+    else:
+        print_rows(rows, args)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
+
+def print_rows(rows: list[dict], args) -> None:
     print(
         f"\n{rows[0]['model']}, {rows[0]['tokens_per_step']} tokens/step on {rows[0]['device']}, "
         f"median of {args.steps} steps"
@@ -151,10 +184,89 @@ def main(argv: list[str] | None = None) -> int:
             ratio = by["mars_adamw_exact"]["ms_per_step"] / by["mars_adamw_approx"]["ms_per_step"]
             by["mars_adamw_exact"]["step_time_ratio_to_approx"] = ratio
             print(f"exact MARS step time vs approx: {ratio:.3f}x (target <= 2.1x)")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+        if "mars_adamw_diagnostics" in by:
+            ratio = by["mars_adamw_diagnostics"]["ms_per_step"] / by["mars_adamw_approx"]["ms_per_step"]
+            print(f"MARS diagnostics on vs off: step time {ratio:.3f}x")
+
+
+def print_layouts(rows: list[dict], args) -> None:
+    """One row per (layout, optimizer): tokens/s and the optimizer state each rank holds."""
+    first = rows[0]
+    print(
+        f"\n{first['model']}, {first['tokens_per_step']} tokens/step on {first['world_size']} rank(s) "
+        f"({first['device'].split(':')[0]}), median of {args.steps} steps"
+    )
+    header = (
+        f"{'layout':<8}{'optimizer':<24}{'ms/step':>10}{'tokens/s':>12}{'x AdamW':>9}{'state MB/rank':>15}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r['parallel']:<8}{r['name']:<24}{r['ms_per_step']:>10.1f}{r['tokens_per_s']:>12.0f}"
+            f"{r['ratio_to_baseline']:>9.3f}{r['optimizer_state_bytes_max'] / 2**20:>15.2f}"
+        )
+
+
+def _rank(
+    rank: int, world: int, init_file: str, out: str, args, names: list[str], overrides: list[str]
+) -> None:
+    """One rank of a --world-size run: every (layout, optimizer) row, gathered on rank 0."""
+    import torch.distributed as dist
+
+    from mars.train.distributed import DistInfo
+
+    cuda = torch.cuda.is_available() and args.device in ("auto", "cuda")
+    device = f"cuda:{rank}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(rank)
+    torch.set_num_threads(args.threads_per_rank)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+    )
+    try:
+        info = DistInfo(rank=rank, local_rank=rank, world_size=world, device=device)
+        gbs = f"train.global_batch_size={args.batch_size * world}"
+        rows = []
+        with tempfile.TemporaryDirectory(prefix=f"bench_train_{rank}_") as tmp:
+            for parallel in args.parallel:
+                for name in names:
+                    extra = [*overrides, gbs, f"train.device={device}", f"train.parallel={parallel}"]
+                    rows.append(bench_one(name, extra, args.steps, args.warmup, Path(tmp) / parallel, info))
+                    if rank == 0:
+                        print(
+                            f"  {parallel} {name}: {rows[-1]['ms_per_step']:.1f} ms/step",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+        gathered = [None] * world
+        dist.all_gather_object(gathered, [r["optimizer_state_bytes"] for r in rows])
+        for i, r in enumerate(rows):
+            r["optimizer_state_bytes_per_rank"] = [g[i] for g in gathered]
+            r["optimizer_state_bytes_max"] = max(g[i] for g in gathered)
+        if rank == 0:
+            Path(out).write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(args, names: list[str], overrides: list[str]) -> list[dict]:
+    """--world-size W / --parallel: W processes (gloo on CPU, nccl on GPUs), each `--threads-per-rank`."""
+    import torch.multiprocessing as mp
+
+    from mars.data import ensure_prepared
+    from mars.train.cli import compose_config
+
+    ensure_prepared(compose_config(overrides).data)  # once, before the ranks start
+    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
+        out = Path(tmp, "rows.json")
+        mp.start_processes(
+            _rank,
+            args=(args.world_size, str(Path(tmp, "init")), str(out), args, names, overrides),
+            nprocs=args.world_size,
+            start_method="spawn",
+        )
+        return json.loads(out.read_text())
 
 
 if __name__ == "__main__":

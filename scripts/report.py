@@ -32,8 +32,9 @@ line on stderr) for a dir without run dirs, runs without metrics.jsonl or withou
 (named), and a --baseline that is not KEY=VALUE or that matches no group or several.
 
 Baseline: --baseline KEY=VALUE picks the group whose config (or overrides) has that value; repeat
-it to narrow several matches down. Without it the baseline is the first group in sorted order
-(said in the output), never the best group.
+it to narrow several matches down, or add --best to take the matching group with the lowest mean
+final val loss (the tuned baseline: --baseline optimizer.name=adamw --best over an lr sweep).
+Without --baseline it is the first group in sorted order (said in the output), never the best group.
 """
 
 from __future__ import annotations

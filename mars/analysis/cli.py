@@ -39,10 +39,16 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
     p.add_argument(
         "--target", type=float, help="target val loss (default: the baseline's mean final val loss)"
     )
+    p.add_argument(
+        "--best",
+        action="store_true",
+        help="when --baseline matches several groups, take the one with the lowest mean final val loss "
+        "(the tuned baseline, e.g. the best AdamW lr of a sweep)",
+    )
     p.add_argument("--out", type=Path, help="where report.md/.json and the plots go (default: the first dir)")
     args = p.parse_args(argv)
     try:
-        report = build_report(args.sweep_dirs, args.baseline, args.target)
+        report = build_report(args.sweep_dirs, args.baseline, args.target, best=args.best)
         written = write_report(report, args.out or args.sweep_dirs[0])
     except AnalysisError as e:
         return _fail(e)

@@ -194,12 +194,18 @@ def _matches(group: Group, key: str, text: str) -> bool:
 
 
 def select_baseline(
-    groups: Sequence[Group], specs: Sequence[str], columns: Sequence[Column], labels: Sequence[str]
+    groups: Sequence[Group],
+    specs: Sequence[str],
+    columns: Sequence[Column],
+    labels: Sequence[str],
+    best: bool = False,
 ) -> tuple[int, str]:
     """The baseline group's index and a line saying how it was chosen.
 
     Without --baseline it is the first group in sorted order: not the best one, which would make
-    every other group look worse by construction.
+    every other group look worse by construction. With `best` (--best), a --baseline that matches
+    several groups (e.g. optimizer.name=adamw over an lr sweep) picks the one with the lowest mean
+    final val loss among them: the tuned baseline.
     """
     if not specs:
         how = "the first group in sorted order; choose one with --baseline KEY=VALUE"
@@ -216,6 +222,13 @@ def select_baseline(
     if not matched:
         available = "; ".join(f"{k} takes {', '.join(_values(groups, k))}" for k, _ in pairs)
         raise AnalysisError(f"--baseline {given} matches no group ({available})")
+    if len(matched) > 1 and best:
+        mean_final = [sum(r.final_val for r in groups[i].runs) / len(groups[i].runs) for i in matched]
+        chosen = matched[min(range(len(matched)), key=lambda j: mean_final[j])]
+        return chosen, (
+            f"{labels[chosen] or 'all runs'} (--baseline {given} --best: the lowest mean final val loss of "
+            f"the {len(matched)} matching groups)"
+        )
     if len(matched) > 1:
         hint = ""
         for c in columns:
@@ -226,7 +239,7 @@ def select_baseline(
                 break
         raise AnalysisError(
             f"--baseline {given} matches {len(matched)} groups ({'; '.join(labels[i] for i in matched)}): "
-            f"add another --baseline KEY=VALUE{hint}"
+            f"add another --baseline KEY=VALUE{hint}, or --best to take the best of them"
         )
     return matched[0], f"{labels[matched[0]] or 'all runs'} (--baseline {given})"
 

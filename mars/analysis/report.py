@@ -126,7 +126,9 @@ class Report:
         return sum(g.n for g in self.groups)
 
 
-def build_report(roots: Sequence[Path], baseline: Sequence[str] = (), target: float | None = None) -> Report:
+def build_report(
+    roots: Sequence[Path], baseline: Sequence[str] = (), target: float | None = None, best: bool = False
+) -> Report:
     """Read, check, group and compare the runs under `roots`; AnalysisError on bad input."""
     parse_baseline(baseline)  # a malformed --baseline fails before anything is read
     if target is not None and not math.isfinite(target):
@@ -138,7 +140,7 @@ def build_report(roots: Sequence[Path], baseline: Sequence[str] = (), target: fl
     columns = varying_columns([g.item for g in groups])
     groups = sort_groups(groups, columns)
     labels = [label(columns, g.item) for g in groups]
-    base_index, base_note = select_baseline(groups, baseline, columns, labels)
+    base_index, base_note = select_baseline(groups, baseline, columns, labels, best=best)
     results = [_group_result(g, text, columns) for g, text in zip(groups, labels, strict=True)]
     base = results[base_index]
     base.baseline = True

@@ -86,7 +86,7 @@ def test_baseline_that_matches_several_groups_asks_for_another_key(tmp_path, cap
     assert line == (
         "error: --baseline optimizer.lr=3e-3 matches 2 groups (gamma=0.0, lr=0.003; gamma=0.025, lr=0.003): "
         "add another --baseline KEY=VALUE, e.g. --baseline optimizer.gamma=0 (optimizer.gamma takes 0, "
-        "0.025 among them)"
+        "0.025 among them), or --best to take the best of them"
     )
     narrowed = build_report([tmp_path], baseline=["optimizer.lr=3e-3", "optimizer.gamma=0.025"])
     assert narrowed.groups[narrowed.baseline].label == "gamma=0.025, lr=0.003"
@@ -96,3 +96,14 @@ def test_baseline_that_matches_several_groups_asks_for_another_key(tmp_path, cap
 def test_unparsable_baseline(sweep, capsys, spec):
     line = one_error_line(capsys, [sweep, "--baseline", spec])
     assert line == f"error: --baseline {spec!r} is not KEY=VALUE (e.g. --baseline optimizer.name=adamw)"
+
+
+def test_best_takes_the_matching_group_with_the_lowest_mean_final_loss(tmp_path):
+    """--best: the tuned baseline, e.g. the best lr of an AdamW sweep (known offsets per lr)."""
+    for job, (lr, offset) in enumerate(((0.001, 0.3), (0.002, 0.0), (0.004, 0.1))):
+        cfg = config(**{"optimizer.lr": lr, "optimizer.name": "adamw"})
+        write_run(tmp_path / str(job), cfg, [f"optimizer.lr={lr}"], power_law, offset=offset)
+    report = build_report([tmp_path], baseline=["optimizer.name=adamw"], best=True)
+    assert report.groups[report.baseline].label == "lr=0.002"
+    with pytest.raises(Exception, match="matches 3 groups"):
+        build_report([tmp_path], baseline=["optimizer.name=adamw"])

@@ -16,6 +16,7 @@ train: install
 
 test: install
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m pytest -q -m "not slow"
 	$(PYTHON) -m pytest -q -m slow
 
@@ -24,6 +25,7 @@ test-fast: install
 
 lint:
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 
 # On a CUDA machine: the CUDA tests, benchmarks and environment in one report (gpu_check/ or $OUT).
 # Installs nothing; ARGS="--dry-run" runs it on the CPU with tiny sizes.

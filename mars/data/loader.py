@@ -241,8 +241,8 @@ class ValLoader:
         total = min(num_sequences, available) // world_size * world_size
         if total == 0 and num_sequences < world_size:
             raise DataError(
-                f"validation asks for {num_sequences} sequence(s) (train.eval_steps x train.batch_size), fewer "
-                f"than the {world_size} ranks: raise train.eval_steps to at least "
+                f"validation asks for {num_sequences} sequence(s) (train.eval_steps x train.batch_size), "
+                f"fewer than the {world_size} ranks: raise train.eval_steps to at least "
                 f"{math.ceil(world_size / micro_batch_size)}, or set it to 0 for no validation"
             )
         if total == 0:

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from eval_fixtures import tiny_gpt
 
+from mars.checkpoint import load_model
 from mars.eval.harness import (
     _loaded_tasks,
     evaluate_model,
@@ -16,7 +17,6 @@ from mars.eval.harness import (
 )
 from mars.eval.tasks import LOCAL_TASKS_DIR
 from mars.model.hf import export_hf
-from mars.checkpoint import load_model
 
 
 def test_in_memory_scores_equal_lm_eval_hf_backend_on_the_export(run_dir, tmp_path):

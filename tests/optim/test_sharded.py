@@ -128,7 +128,10 @@ def _replicated_cases(rank: int, world: int) -> dict:
 
 
 def _check_all(rank: int, world: int) -> dict:
+    from test_dist import check_on_ranks  # mars.optim._dist's own checks, in the same ranks
+
     return {
+        "newton_schulz": check_on_ranks(rank, world),
         "sharded": _sharded_cases(rank, world),
         "replicated": _replicated_cases(rank, world) if world == 2 else {},
     }
@@ -137,6 +140,7 @@ def _check_all(rank: int, world: int) -> dict:
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_and_divided_optimizers_equal_one_process(world):
     results = run_ranks(world, _check_all)
+    assert results["newton_schulz"]  # distributed Newton-Schulz and norms: bit-identical (test_dist)
     for label, r in results["sharded"].items():
         tol = 1e-3 if label.split("-")[0] in NEWTON_SCHULZ else 1e-4  # Newton-Schulz runs in bf16
         diff = max(abs(a - b) for a, b in zip(r["got"], r["want"], strict=True))

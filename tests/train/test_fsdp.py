@@ -49,10 +49,17 @@ def test_fsdp_sigkill_resume_and_resharding(data_root, tmp_path):
     got = losses(killed)
     assert [got[s] for s in range(1, 9)] == [want[s] for s in range(1, 9)]  # identical
 
-    for n in (1, 4):  # DCP reshards the 2-rank checkpoint onto another number of ranks
-        other = tmp_path / f"on{n}"
-        run(torchrun(n, TRAIN, *overrides, f"train.resume={step4}", f"hydra.run.dir={other}"), tmp_path)
+    ddp = [o for o in overrides if o != "train.parallel=fsdp"]
+    for n, how in ((1, overrides), (4, overrides), (1, ddp)):  # DCP reshards onto other ranks and layouts
+        other = tmp_path / f"on{n}_{'fsdp' if how is overrides else 'ddp'}"
+        run(torchrun(n, TRAIN, *how, f"train.resume={step4}", f"hydra.run.dir={other}"), tmp_path)
         got = losses(other)
         assert sorted(got) == [5, 6, 7, 8]
         for s in (5, 6, 7, 8):
-            assert abs(got[s] - want[s]) < 1e-4, (n, s, got[s], want[s])
+            assert abs(got[s] - want[s]) < 1e-4, (n, how is overrides, s, got[s], want[s])
+
+    from mars.checkpoint import load_model  # export and evaluation gather it into one process
+
+    model, info = load_model(step4)
+    assert info["format"] == "sharded" and info["step"] == 4 and model.config.n_layer == 2
+    assert all(bool(p.isfinite().all()) for p in model.parameters())

@@ -10,6 +10,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The optimizers' compiled kernels cost seconds per process to compile or load; tests/optim (whose
+# conftest puts the default back) checks them, everything else (and its subprocesses) runs the
+# multi-tensor path, which they are tested equal to.
+os.environ.setdefault("MARS_OPTIM_FUSED", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import numpy as np  # noqa: E402

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 import torch
@@ -20,12 +21,21 @@ def check_fused_flag(owner: str, fused: bool | None, device: torch.device | None
         )
 
 
+# MARS_OPTIM_FUSED=0 makes the multi-tensor path the default (fused=None): for short runs where
+# compiling or loading the kernels (seconds per process) costs more than they save. fused=True still
+# compiles.
+DEFAULT_ENV = "MARS_OPTIM_FUSED"
+
+
 def select(fused: bool | None, *tensor_lists: list[torch.Tensor]) -> ModuleType:
-    """fused None (auto): compiled kernels where available, else multi-tensor; False: multi-tensor.
+    """fused None (auto): compiled kernels where available (unless MARS_OPTIM_FUSED=0), else
+    multi-tensor; False: multi-tensor.
     Non-contiguous tensors (they cannot be flattened in place) always take the multi-tensor path, and
     so does everything inside an outer torch.compile (of a whole training step): the outer compiler
     traces the multi-tensor ops and fuses them itself, whatever `fused` says."""
     if fused is False or torch.compiler.is_compiling():
+        return _foreach
+    if fused is None and os.environ.get(DEFAULT_ENV, "auto") == "0":
         return _foreach
     first = tensor_lists[0][0]
     if not _fused.available(first.device):

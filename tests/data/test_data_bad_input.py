@@ -57,8 +57,9 @@ def _prepare_error(cfg: DataConfig) -> str:
         ),
         ("line", b"fine\r\nstill fine\nbad \xff here\n", 3, "not UTF-8 text (byte 0xff)"),
         ("paragraph", b"one\n\n\ntwo\nthree \x00 four\n", 5, "holds a NUL byte: binary data or UTF-16 text"),
-        ("document", gzip.compress(b"compressed text"), 1, "looks like a gzip file (name it .gz)"),
+        ("document", gzip.compress(b"compressed text", mtime=0), 1, "looks like a gzip file (name it .gz)"),
     ],
+    ids=["binary", "bad-byte", "nul", "gzip"],  # stable names: pytest-xdist workers must collect alike
 )
 def test_a_text_file_that_is_not_text(tmp_path, sample_by, content, line, problem):
     path = tmp_path / "a.txt"

@@ -83,12 +83,27 @@ def reference_run(
     return params
 
 
-def assert_matches(ours, expected, params0, *, ns_tensors=()):
+def assert_matches(ours, expected, params0, *, ns_tensors=(), sign_tensors=()):
     for i, (a, e, s) in enumerate(zip(ours, expected, params0, strict=True)):
         if i in ns_tensors:  # Newton-Schulz runs in bfloat16
             assert displacement_err(a, e, s) < 5e-2, f"tensor {i} {tuple(s.shape)}"
+        elif i in sign_tensors:
+            assert_sign_update_matches(a, e, f"tensor {i} {tuple(s.shape)}")
         else:
             assert rel_err(a, e) < 1e-6, f"tensor {i} {tuple(s.shape)}: {rel_err(a, e):.2e}"
+
+
+def assert_sign_update_matches(a, e, what: str) -> None:
+    """MARS-Lion steps by sign(m): an entry of m within rounding of 0 may take the other sign when the
+    clip's norm is summed in another order (the compiled kernels' reduction order depends on the
+    thread count), moving that one entry by up to 2 lr per step. Every other entry must match to 1e-6,
+    and such entries must stay rare."""
+    diff = (a - e).abs()
+    flipped = diff > 1e-6 * (1 + e.abs())
+    assert flipped.float().mean() <= 1e-3, f"{what}: {int(flipped.sum())} of {a.numel()} entries differ"
+    assert diff.max() <= 2 * HP["lr"] * STEPS, f"{what}: an entry moved {diff.max():.3g}"
+    if flipped.any():
+        assert rel_err(a[~flipped], e[~flipped]) < 1e-6, what
 
 
 @pytest.mark.parametrize("fused", IMPLS)
@@ -115,7 +130,10 @@ def test_matches_reference(mars_type, exact, clip, optimize_1d, fused):
     )
     expected = reference_run(params0, grads, stashes, mars_type=mars_type, clip=clip, optimize_1d=optimize_1d)
     ns = {i for i, p in enumerate(params0) if p.ndim == 2} if mars_type == "mars-shampoo" else ()
-    assert_matches(ours, expected, params0, ns_tensors=ns)
+    sign = (
+        {i for i, p in enumerate(params0) if p.ndim == 2 or optimize_1d} if mars_type == "mars-lion" else ()
+    )
+    assert_matches(ours, expected, params0, ns_tensors=ns, sign_tensors=sign)
     assert opt.needs_previous_grads is exact
 
 
@@ -128,7 +146,8 @@ def test_ge2_rule_puts_3d_tensors_on_the_matrix_path(mars_type, fused):
     )
     expected = reference_run(params0, grads, None, mars_type=mars_type, two_dim_rule="ge2")
     ns = {i for i, p in enumerate(params0) if p.ndim >= 2} if mars_type == "mars-shampoo" else ()
-    assert_matches(ours, expected, params0, ns_tensors=ns)
+    sign = {i for i, p in enumerate(params0) if p.ndim >= 2} if mars_type == "mars-lion" else ()
+    assert_matches(ours, expected, params0, ns_tensors=ns, sign_tensors=sign)
     # under the default rule the 3-D tensor takes the 1-D AdamW path instead: results differ
     default, _ = run_ours(lambda ps: MARS(ps, mars_type=mars_type, fused=fused, **HP), params0, grads)
     assert rel_err(default[4], ours[4]) > 1e-3
@@ -321,3 +340,13 @@ def test_default_path_uses_the_compiled_kernels_where_a_compiler_exists():
     MARS([p, q], optimize_1d=True).step()
     assert _fused._mars_adamw._compiled is not None and _fused._correction_sq._compiled is not None
     assert small.numel() < _fused.FUSED_MIN_NUMEL <= big.numel()
+
+
+def test_mars_optim_fused_0_makes_the_multi_tensor_path_the_default(monkeypatch):
+    from mars.optim import _foreach, _fused, _kernels
+
+    big = torch.zeros(256, 160)
+    monkeypatch.setenv(_kernels.DEFAULT_ENV, "0")
+    assert _kernels.select(None, [big]) is _foreach
+    if _fused.available(big.device):
+        assert _kernels.select(True, [big]) is _fused  # an explicit fused=True still compiles

@@ -128,7 +128,13 @@ def _replicated_cases(rank: int, world: int) -> dict:
 
 
 def _check_all(rank: int, world: int) -> dict:
+    import os
+
     from test_dist import check_on_ranks  # mars.optim._dist's own checks, in the same ranks
+
+    # the compiled kernels on local shards with 2 ranks; the multi-tensor path with 4 (each process
+    # would otherwise compile or load every kernel: seconds of CI time per rank)
+    os.environ["MARS_OPTIM_FUSED"] = "auto" if world == 2 else "0"
 
     return {
         "newton_schulz": check_on_ranks(rank, world),

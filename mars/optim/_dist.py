@@ -191,6 +191,10 @@ def orthogonalize_sharded(
     return out
 
 
+# torch 2.13 renamed all_gather_into_tensor (still there, deprecated); older torch has only the old name
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def orthogonalize_replicated(mats: list[Tensor], group, ns: NSFunction) -> list[Tensor]:
     """Orthogonalise matrices every rank holds whole: each rank does its share, one all-gather shares
     the results. Returns all results on every rank."""
@@ -207,7 +211,7 @@ def orthogonalize_replicated(mats: list[Tensor], group, ns: NSFunction) -> list[
         flat = torch.cat([o.reshape(-1).to(dtype) for o in done])
         buf[: flat.numel()] = flat
     gathered = torch.empty(world * width, dtype=dtype, device=device)
-    dist.all_gather_into_tensor(gathered, buf, group=group)
+    _all_gather_flat(gathered, buf, group=group)
     out: list[Tensor | None] = [None] * len(mats)
     cursor = [r * width for r in range(world)]
     for i, o in enumerate(owners):

@@ -99,7 +99,7 @@ def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt2_tiny", help="model config (configs/model/NAME.yaml)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per step (one micro-batch)")
@@ -119,6 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads-per-rank", type=int, default=1, help="torch CPU threads of each rank")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. data.root=/data")
     args = p.parse_args(argv)
+    # the layout as an override (`train.parallel=fsdp`) means --parallel: fsdp needs a process group
+    layouts = [o.split("=", 1)[1] for o in args.overrides if o.startswith("train.parallel=")]
+    if layouts:
+        if layouts[-1] not in ("ddp", "fsdp"):
+            p.error(f"train.parallel={layouts[-1]}: choose ddp or fsdp")
+        args.parallel = [layouts[-1]]
+        args.overrides = [o for o in args.overrides if not o.startswith("train.parallel=")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     overrides = [
         f"model={args.model}",
@@ -152,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         r["baseline"] = BASELINE
         r["ratio_to_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
         r["step_time_ratio_to_baseline"] = r["ms_per_step"] / base["ms_per_step"]
-    if len(rows) > len(names):  # several layouts: one table, the layout in each row
+    if len(rows) > len(names) or rows[0]["parallel"] != "ddp":  # the layout in each row
         print_layouts(rows, args)
     else:
         print_rows(rows, args)

@@ -1,4 +1,4 @@
-"""scripts/summarize_sweep.py and scripts/plot_curves.py on synthetic run dirs (no training)."""
+"""scripts/summarize_sweep.py, plot_curves.py and bench_train.py's arguments, on synthetic run dirs (no training)."""
 
 from __future__ import annotations
 
@@ -156,3 +156,14 @@ def test_identical_configs_get_their_run_dir_in_the_legend(tmp_path):
         "MARS-AdamW (approx) [run_b]",
         "AdamW",
     ]
+
+
+def test_bench_train_takes_the_layout_as_an_override_too():
+    """`bench_train.py train.parallel=fsdp` measures fsdp (in a process group, as --parallel does)
+    instead of handing the override to a trainer that has no group."""
+    bench = load_script("bench_train")
+    args = bench.parse_args(["train.parallel=fsdp", "data.root=/d"])
+    assert args.parallel == ["fsdp"] and args.overrides == ["data.root=/d"]
+    assert bench.parse_args(["--parallel", "ddp", "fsdp"]).parallel == ["ddp", "fsdp"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["train.parallel=zero"])

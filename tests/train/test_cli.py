@@ -65,3 +65,11 @@ def test_resume_auto_without_checkpoint_starts_fresh_and_says_so(monkeypatch, ca
     assert f"train.resume=auto: no checkpoint in {run}/ckpt, starting from scratch" in out
     assert (run / "ckpt" / "step_00000001" / "config.yaml").is_file()
     assert (run / ".hydra" / "config.yaml").is_file()
+
+
+def test_help_shows_the_usage_and_says_what_the_schema_groups_are(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, ["--help"])
+    assert code == 0
+    assert out.startswith("python train.py [GROUP=OPTION ...] [KEY=VALUE ...]")
+    assert "optimizer: adamw, lion, mars_adamw" in out  # the groups a user picks from
+    assert "schema/optimizer holds the key schemas" in out

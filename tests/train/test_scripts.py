@@ -1,4 +1,4 @@
-"""scripts/summarize_sweep.py, plot_curves.py and bench_train.py's arguments, on synthetic run dirs (no training)."""
+"""scripts/summarize_sweep.py, plot_curves.py and bench_train.py's arguments (no training)."""
 
 from __future__ import annotations
 

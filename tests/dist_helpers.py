@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -34,15 +35,22 @@ def _entry(rank: int, world: int, init_file: str, out_dir: str, fn, args) -> Non
 
 
 def run_ranks(world: int, fn, *args, timeout: float = 300):
-    """fn(rank, world, *args) on `world` spawned processes; returns rank 0's result."""
+    """fn(rank, world, *args) on `world` spawned processes; returns rank 0's result. Fails when a rank
+    fails, or when the ranks have not all finished after `timeout` seconds."""
     with tempfile.TemporaryDirectory(prefix="ranks_") as tmp:
         init_file = os.path.join(tmp, "init")
         ctx = mp.start_processes(
             _entry, args=(world, init_file, tmp, fn, args), nprocs=world, join=False, start_method="spawn"
         )
         try:
-            while not ctx.join(timeout=timeout):
-                pass
+            deadline = time.monotonic() + timeout
+            while not ctx.join(timeout=5):
+                if time.monotonic() > deadline:  # a hang (a collective one rank never joins) fails
+                    for p in ctx.processes:
+                        p.kill()
+                    raise AssertionError(f"the ranks did not finish in {timeout} s")
+        except AssertionError:
+            raise
         except Exception as e:
             errors = sorted(Path(tmp).glob("error*.txt"))
             detail = "\n".join(p.read_text() for p in errors) or str(e)

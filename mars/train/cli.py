@@ -199,7 +199,12 @@ def run(cfg: DictConfig) -> str:
         run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
         ensure_prepared(cfg.data)
         resume_from = choose_start(cfg, run_dir, env_world_size())
-    info = init_distributed(cfg.train.device, cfg.train.backend, need_group=cfg.train.parallel == "fsdp")
+    info = init_distributed(
+        cfg.train.device,
+        cfg.train.backend,
+        need_group=cfg.train.parallel == "fsdp",
+        timeout_min=cfg.train.dist_timeout_min,
+    )
     try:
         run_dir, resume_from = broadcast_object((run_dir, resume_from))
         if rank0:

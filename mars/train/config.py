@@ -64,6 +64,9 @@ class TrainConfig:
     spike_loss: float = 1.0  # logged train loss this many nats above its best raises an alarm (0: off)
     health_window: int = 20
     backend: str | None = None  # process-group backend (None: nccl on CUDA, gloo on CPU)
+    # how long a rank waits in a collective before the run fails: the other ranks wait this long while
+    # rank 0 alone scores in-loop downstream tasks or writes a DDP checkpoint
+    dist_timeout_min: float = 30.0
     parallel: str = "ddp"  # ddp (replicated model) | fsdp (FSDP2: model, grads, optimizer state sharded)
     fsdp_replicate: int = 1  # fsdp: replicas of the sharded model (2-D HSDP mesh; 1: plain FSDP)
     progress: bool = True  # tqdm bar on rank 0
@@ -162,6 +165,8 @@ def validate(cfg: Any, world_size: int = 1) -> None:
     _at_least(cfg, "train.log_interval", 1)
     _at_least(cfg, "train.eval_interval", 0)
     _at_least(cfg, "train.eval_steps", 0)
+    if (minutes := _get(cfg, "train.dist_timeout_min")) <= 0:
+        raise ConfigError(f"train.dist_timeout_min={minutes} must be > 0 (minutes)")
     _at_least(cfg, "train.ckpt_interval", 0)
     _at_least(cfg, "train.keep_last", 1)
     _at_least(cfg, "train.max_nonfinite_steps", 1)

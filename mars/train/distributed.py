@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -105,9 +106,12 @@ def _single_process_group_env() -> None:
     os.environ.setdefault("WORLD_SIZE", "1")
 
 
-def init_distributed(device: str = "auto", backend: str | None = None, need_group: bool = False) -> DistInfo:
+def init_distributed(
+    device: str = "auto", backend: str | None = None, need_group: bool = False, timeout_min: float = 30.0
+) -> DistInfo:
     """Set the device and, under a launcher (or when `need_group`: FSDP2 in one process), the process
-    group. Returns this process's rank, world size and device."""
+    group, whose collectives fail after `timeout_min` minutes. Returns this process's rank, world size
+    and device."""
     device = resolve_device(device)
     if not launched_distributed() and not need_group:
         if device.startswith("cuda"):
@@ -123,7 +127,9 @@ def init_distributed(device: str = "auto", backend: str | None = None, need_grou
         backend = "nccl" if device.startswith("cuda") else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(
-            backend=backend, device_id=torch.device(device) if backend == "nccl" else None
+            backend=backend,
+            device_id=torch.device(device) if backend == "nccl" else None,
+            timeout=timedelta(minutes=timeout_min),
         )
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 

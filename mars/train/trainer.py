@@ -339,23 +339,45 @@ class Trainer:
 
         d = self.cfg.downstream
         results = {}
+        model = self._whole_model_on_main() if self.fsdp else self.raw_model
         if self.dist.is_main:
-            self.raw_model.eval()
+            model.eval()
             out = evaluate_model(
-                self.raw_model,
+                model,
                 list(d.tasks),
                 limit=d.limit,
                 batch_size=d.batch_size,
                 device=str(self.device),
                 num_fewshot=d.num_fewshot,
             )
-            self.raw_model.train()
+            model.train()
+            del model
             for task, metrics in out.items():
                 for name, value in metrics.items():
                     if isinstance(value, (int, float)):
                         results[f"downstream/{task}/{name}"] = value
         barrier()
         return results
+
+    def _whole_model_on_main(self):
+        """Under fsdp the main rank cannot run the sharded model alone (its forward all-gathers from
+        every rank): every rank takes part in gathering the weights, the main rank gets an unsharded
+        float32 copy to evaluate (the others get None)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from mars.model import GPT
+
+        full = get_model_state_dict(
+            self.raw_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if not self.dist.is_main:
+            return None
+        with torch.device("meta"):
+            model = GPT(self.cfg.model)
+        model.to_empty(device=self.device)
+        model.tie_weights()
+        model.load_state_dict(full)
+        return model
 
     # ------------------------------------------------------------------ loop
 

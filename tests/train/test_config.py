@@ -90,6 +90,7 @@ def test_every_experiment_composes_and_validates():
             "train.global_batch_size=10 is not a multiple",
         ),
         (["schedule.name=cos"], "schedule.name='cos' is not one of cosine, linear, wsd, constant"),
+        (["train.dist_timeout_min=0"], "train.dist_timeout_min=0.0 must be > 0 (minutes)"),
         (
             ["-m", "optimizer.lr=1e-3,2e-3", "train.batch_size=4,0"],
             "(sweep job optimizer.lr=0.001 train.batch_size=0)",

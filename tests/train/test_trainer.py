@@ -268,6 +268,44 @@ def test_in_loop_downstream_eval_is_logged_every_interval(data_root, tmp_path, m
     )
 
 
+def _fsdp_downstream_rank(rank: int, world: int, data_root: str, run_dir: str) -> dict:
+    """One rank of a 2-rank fsdp run with in-loop downstream evaluation (the scorer replaced by one
+    that records the weights it was given)."""
+    import mars.eval.harness as harness
+
+    seen = []
+
+    def fake_evaluate_model(model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0):
+        with torch.no_grad():
+            model(torch.zeros(1, 4, dtype=torch.long))  # runs on rank 0 alone (a sharded model would hang)
+        seen.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        return {"hellaswag": {"acc": 0.25}}
+
+    harness.evaluate_model = fake_evaluate_model
+    extra = ["train.parallel=fsdp", "downstream.tasks=[hellaswag]", "downstream.interval=2"]
+    cfg = compose([*tiny_overrides(data_root, max_steps=2, batch_size=1, global_batch_size=2), *extra])
+    tr = Trainer(cfg, run_dir, DistInfo(rank=rank, local_rank=rank, world_size=world, device="cpu"))
+    tr.fit()
+    whole = {n: p.full_tensor() for n, p in tr.raw_model.named_parameters()}  # a collective: every rank
+    return {"seen": seen, "whole": whole}
+
+
+def test_in_loop_downstream_eval_under_fsdp_scores_the_whole_model_on_rank_0(data_root, tmp_path):
+    """Rank 0 cannot run a sharded model alone (its forward all-gathers from every rank): it gets the
+    gathered weights, and the run finishes instead of hanging."""
+    from dist_helpers import run_ranks
+
+    out = run_ranks(2, _fsdp_downstream_rank, str(data_root), str(tmp_path), timeout=60)
+    assert len(out["seen"]) == 1  # step 2, on rank 0
+    evaluated, whole = out["seen"][0], out["whole"]
+    assert set(evaluated) == set(whole)
+    for name, tensor in whole.items():
+        assert not hasattr(evaluated[name], "to_local"), f"{name}: a shard was evaluated"
+        assert torch.equal(evaluated[name], tensor), name
+    lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "downstream/hellaswag/acc" in r] == [2]
+
+
 # ----------------------------------------------------------------------------- seeds
 
 

@@ -1,0 +1,54 @@
+"""mars.train.distributed: the process group that train.py sets up (gloo CPU processes)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch.multiprocessing as mp
+
+
+def _rank(rank: int, port: int, timeout_min: float, out: str) -> None:
+    import torch.distributed as dist
+
+    from mars.train.distributed import cleanup, init_distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ["WORLD_SIZE"] = "2"
+    info = init_distributed("cpu", timeout_min=timeout_min)
+    assert info.world_size == 2 and info.rank == rank
+    if rank == 1:  # never joins the barrier: rank 0 must give up after the timeout, not wait forever
+        time.sleep(60)
+        return
+    t0 = time.monotonic()
+    try:
+        dist.barrier()
+        outcome = "returned"
+    except RuntimeError:
+        outcome = "timed out"
+    with open(out, "w") as f:
+        f.write(f"{outcome} {time.monotonic() - t0:.1f}")
+    cleanup()
+    os._exit(0)  # rank 1 is still asleep: do not wait for it at exit
+
+
+def test_a_collective_fails_after_train_dist_timeout_min(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "rank0.txt"
+    ctx = mp.start_processes(
+        _rank, args=(port, 0.05, str(out)), nprocs=2, join=False, start_method="spawn"
+    )  # 0.05 min = 3 s
+    try:
+        deadline = time.monotonic() + 45
+        while not out.exists() or not out.read_text():
+            assert time.monotonic() < deadline, "rank 0 still waits in the barrier"
+            time.sleep(0.5)
+    finally:
+        for p in ctx.processes:
+            p.kill()
+    outcome, seconds = out.read_text().rsplit(" ", 1)
+    assert outcome == "timed out" and 2.0 <= float(seconds) < 30, out.read_text()

@@ -27,7 +27,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mars.model import GPT, GPTConfig  # noqa: E402
-from mars.optim import Muon, build_optimizer  # noqa: E402
+from mars.optim import Muon, build_optimizer, state_bytes  # noqa: E402
 
 # name -> (config overrides, description); configs are the reference GPT-2 small ones (configs/optimizer).
 ROWS = {
@@ -62,16 +62,6 @@ def build(name: str, model: nn.Module, process_group=None):
         return Muon(groups, lr=0.02, process_group=process_group)
     # the optimizer's own defaults for the keys not given
     return build_optimizer(model, overrides, process_group=process_group)
-
-
-def state_bytes(opt) -> int:
-    """Bytes of optimizer state held by this process (a DTensor's local shard only)."""
-    return sum(
-        (v.to_local() if hasattr(v, "to_local") else v).numel() * v.element_size()
-        for s in opt.state.values()
-        for v in s.values()
-        if isinstance(v, torch.Tensor)
-    )
 
 
 def sync(device):

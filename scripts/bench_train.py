@@ -40,18 +40,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def optimizer_state_bytes(optimizer) -> int:
-    """Optimizer state held by this process (a DTensor's local shard only)."""
-    return sum(
-        (v.to_local() if hasattr(v, "to_local") else v).numel() * v.element_size()
-        for s in optimizer.state.values()
-        for v in s.values()
-        if isinstance(v, torch.Tensor)
-    )
-
-
 def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir: Path, info=None) -> dict:
     from mars.data import ensure_prepared
+    from mars.optim import state_bytes
     from mars.train.cli import compose_config
     from mars.train.distributed import DistInfo, resolve_device
     from mars.train.trainer import Trainer
@@ -85,7 +76,7 @@ def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir:
         "model": f"{cfg.model.n_layer}L/{cfg.model.n_embd}d/T{cfg.model.block_size}",
         "parallel": cfg.train.parallel,
         "world_size": info.world_size,
-        "optimizer_state_bytes": optimizer_state_bytes(trainer.optimizer),
+        "optimizer_state_bytes": state_bytes(trainer.optimizer),
     }
     if device.type == "cuda":
         from mars.model.flops import flops_per_token, mfu

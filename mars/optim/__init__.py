@@ -27,6 +27,7 @@ FSDP2-sharded (DTensor) parameters are updated exactly as whole ones (_dist.py, 
 """
 
 from . import adamw, lion, mars, mars_m, muon  # noqa: F401 - each registers its optimizer(s)
+from ._dist import state_bytes
 from .adamw import AdamWConfig
 from .config import GammaScheduleConfig
 from .groups import param_groups
@@ -65,4 +66,5 @@ __all__ = [
     "registered",
     "set_gamma",
     "set_lr_factor",
+    "state_bytes",
 ]

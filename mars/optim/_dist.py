@@ -50,6 +50,16 @@ def local(t: Tensor | None) -> Tensor | None:
     return t.to_local() if t is not None and is_dtensor(t) else t
 
 
+def state_bytes(optimizer) -> int:
+    """Bytes of optimizer state this process holds (of a DTensor, its local shard only)."""
+    return sum(
+        local(v).numel() * v.element_size()
+        for s in optimizer.state.values()
+        for v in s.values()
+        if isinstance(v, Tensor)
+    )
+
+
 @dataclass(frozen=True)
 class Sharding:
     """How a set of DTensor parameters is split: over which process groups the dim-0 shards lie."""

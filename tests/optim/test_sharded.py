@@ -11,6 +11,7 @@ import torch.distributed as dist
 from dist_helpers import run_ranks
 
 from mars.model import GPTConfig
+from mars.optim import state_bytes
 
 STEPS = 12
 BATCH = 4  # sequences per step, split over the ranks
@@ -69,15 +70,6 @@ def _train(model, optimizer, batches, rows: slice) -> list[float]:
     return losses
 
 
-def _state_bytes(optimizer) -> int:
-    return sum(
-        (v.to_local() if hasattr(v, "to_local") else v).numel() * v.element_size()
-        for s in optimizer.state.values()
-        for k, v in s.items()
-        if isinstance(v, torch.Tensor) and k != "step"
-    )
-
-
 def _sharded_cases(rank: int, world: int) -> dict:
     from mars.optim import build_optimizer
     from mars.train.parallel import device_mesh, parallelize
@@ -99,8 +91,8 @@ def _sharded_cases(rank: int, world: int) -> dict:
         out[label] = {
             "want": want,
             "got": got,
-            "state_total": _state_bytes(ref_opt),
-            "state_here": _state_bytes(opt),
+            "state_total": state_bytes(ref_opt),
+            "state_here": state_bytes(opt),
             "largest_share": -(-largest // world),
             "diagnostics": opt.read_diagnostics() if keys.get("diagnostics") else None,
         }

@@ -62,10 +62,10 @@ def state_bytes(optimizer) -> int:
 
 @dataclass(frozen=True)
 class Sharding:
-    """How a set of DTensor parameters is split: over which process groups the dim-0 shards lie."""
+    """How a set of DTensor parameters is split: the process group of the one mesh dim their dim-0
+    shards lie over (under HSDP the other, replicate dim needs no optimizer communication)."""
 
-    groups: tuple  # process groups of the mesh dims that carry a Shard placement
-    shard_group: object  # the (single) group of a 1-D shard dim, for Newton-Schulz
+    shard_group: object
 
     @property
     def world(self) -> int:
@@ -96,22 +96,20 @@ def sharding_of(params: Sequence[Tensor]) -> Sharding | None:
             )
         key = (id(p.device_mesh), dims)
         if found is None:
-            found = (key, p.device_mesh, dims)
+            found = (key, p.device_mesh, dims[0])
         elif found[0] != key:
             raise ValueError("mars.optim: parameters sharded over different device meshes in one optimizer")
     if found is None:
         return None
-    _, mesh, dims = found
-    groups = tuple(mesh.get_group(d) for d in dims)
-    return Sharding(groups=groups, shard_group=groups[0])
+    _, mesh, dim = found
+    return Sharding(shard_group=mesh.get_group(dim))
 
 
 def sum_over_shards_(values: Tensor, sharding: Sharding | None) -> Tensor:
     """Sum per-tensor partial sums (e.g. squared norms of local shards) over the shard ranks, in place:
     one all-reduce for the whole vector. A no-op without sharding."""
     if sharding is not None:
-        for group in sharding.groups:
-            dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(values, op=dist.ReduceOp.SUM, group=sharding.shard_group)
     return values
 
 

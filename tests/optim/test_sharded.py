@@ -28,6 +28,7 @@ CASES = [
     ("mars_m", {}),
 ]
 NEWTON_SCHULZ = ("mars_shampoo", "muon", "moonlight", "mars_m")
+HSDP_CASES = [("mars_adamw", {"diagnostics": True}), ("mars_m", {})]  # 4 ranks: 2 replicas x 2 shards
 
 
 def _batches():
@@ -70,15 +71,17 @@ def _train(model, optimizer, batches, rows: slice) -> list[float]:
     return losses
 
 
-def _sharded_cases(rank: int, world: int) -> dict:
+def _sharded_cases(rank: int, world: int, replicate: int = 1, cases=CASES) -> dict:
+    """fsdp (replicate 1) or HSDP (`replicate` copies of a model sharded over world/replicate ranks)."""
     from mars.optim import build_optimizer
     from mars.train.parallel import device_mesh, parallelize
 
     batches = _batches()
-    mesh = device_mesh(world, 1, "cpu")
+    mesh = device_mesh(world, replicate, "cpu")
+    shards = world // replicate
     rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     out = {}
-    for name, keys in CASES:
+    for name, keys in cases:
         ref_model = _model()
         ref_opt = build_optimizer(ref_model, {"name": name, **keys})
         want = _train(ref_model, ref_opt, batches, slice(None))
@@ -93,7 +96,8 @@ def _sharded_cases(rank: int, world: int) -> dict:
             "got": got,
             "state_total": state_bytes(ref_opt),
             "state_here": state_bytes(opt),
-            "largest_share": -(-largest // world),
+            "largest_share": -(-largest // shards),
+            "shards": shards,
             "diagnostics": opt.read_diagnostics() if keys.get("diagnostics") else None,
         }
     gathered = [None] * world
@@ -132,6 +136,7 @@ def _check_all(rank: int, world: int) -> dict:
         "newton_schulz": check_on_ranks(rank, world),
         "sharded": _sharded_cases(rank, world),
         "replicated": _replicated_cases(rank, world) if world == 2 else {},
+        "hsdp": _sharded_cases(rank, world, replicate=2, cases=HSDP_CASES) if world == 4 else {},
     }
 
 
@@ -139,16 +144,20 @@ def _check_all(rank: int, world: int) -> dict:
 def test_sharded_and_divided_optimizers_equal_one_process(world):
     results = run_ranks(world, _check_all)
     assert results["newton_schulz"]  # distributed Newton-Schulz and norms: bit-identical (test_dist)
-    for label, r in results["sharded"].items():
+    layouts = [("fsdp", results["sharded"]), ("hsdp", results["hsdp"])]
+    for layout, label, r in [(lay, label, r) for lay, cases in layouts for label, r in cases.items()]:
         tol = 1e-3 if label.split("-")[0] in NEWTON_SCHULZ else 1e-4  # Newton-Schulz runs in bf16
         diff = max(abs(a - b) for a, b in zip(r["got"], r["want"], strict=True))
-        assert diff < tol, (world, label, r["got"], r["want"])
+        assert diff < tol, (world, layout, label, r["got"], r["want"])
         assert r["want"][-1] < r["want"][0]  # it trains
-        bound = r["state_total"] / world + r["largest_share"]  # each rank keeps its shards only
-        assert max(r["state_per_rank"]) <= bound, (label, r["state_per_rank"], bound)
-        assert sum(r["state_per_rank"]) >= r["state_total"]  # (and nothing is lost)
-    clipped = results["sharded"]["mars_adamw"]["diagnostics"]["mars/clip_fraction"]
-    assert 0 < clipped < 1, clipped  # the clip of c_t bound on some tensors and not on others
+        bound = r["state_total"] / r["shards"] + r["largest_share"]  # each rank keeps its shards only
+        assert max(r["state_per_rank"]) <= bound, (layout, label, r["state_per_rank"], bound)
+        copies = world // r["shards"]  # HSDP: each replica holds all of it
+        assert sum(r["state_per_rank"]) >= copies * r["state_total"]  # (and nothing is lost)
+    for layout, cases in layouts:
+        if cases:
+            clipped = cases["mars_adamw"]["diagnostics"]["mars/clip_fraction"]
+            assert 0 < clipped < 1, (layout, clipped)  # the clip of c_t bound on some tensors, not others
     for name, r in results["replicated"].items():
         diff = max(abs(a - b) for a, b in zip(r["got"], r["want"], strict=True))
         assert diff < 1e-3, (name, r["got"], r["want"])

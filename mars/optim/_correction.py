@@ -48,19 +48,19 @@ class Work:
 
 
 def scales_and_stats(
-    work: list[Work], sharding, diagnostics: bool
-) -> tuple[list[list[Tensor] | None], Tensor | None]:
-    """Per bucket: the clip scales (None where the bucket does not clip); and the diagnostics' raw
-    (n, 5) table [||c||^2, ||g||^2, ||g_prev||^2, <g, g_prev>, k] (None when off). One all-reduce over
-    the shards for everything, when sharded."""
-    wanted = [w for w in work if w.clip or diagnostics]
+    work: list[Work], sharding, diagnostics: Diagnostics | None
+) -> list[list[Tensor] | None]:
+    """Per bucket: the clip scales (None where the bucket does not clip). With `diagnostics`, the step's
+    raw (n, 5) table [||c||^2, ||g||^2, ||g_prev||^2, <g, g_prev>, k] is added to it. One all-reduce
+    over the shards for everything, when sharded."""
+    wanted = [w for w in work if w.clip or diagnostics is not None]
     if not wanted:
-        return [None] * len(work), None
+        return [None] * len(work)
     columns = []
     for w in wanted:
         impl = _kernels.select(w.fused, w.grads, w.prevs)
         sq = torch.stack(impl.correction_sqnorms(w.grads, w.prevs, k=w.k)).reshape(-1, 1)
-        if diagnostics:
+        if diagnostics is not None:
             stats = torch.stack(impl.grad_stats(w.grads, w.prevs)).to(sq.dtype)
             sq = torch.cat([sq, stats], dim=1)
         columns.append(sq.to(torch.float64 if sq.dtype == torch.float64 else torch.float32))
@@ -69,22 +69,23 @@ def scales_and_stats(
     norms = table[:, 0].clamp(min=0).sqrt()
     inverse = norms.clamp(min=1.0).reciprocal()
     scales: list[list[Tensor] | None] = []
-    chunks = iter(zip(inverse.split(sizes), wanted, strict=True))
+    chunks = iter(inverse.split(sizes))  # one per bucket in `wanted`, in order
     for w in work:
-        if not (w.clip or diagnostics):
+        if not (w.clip or diagnostics is not None):
             scales.append(None)
             continue
-        part, _ = next(chunks)
+        part = next(chunks)
         scales.append(list(part.unbind(0)) if w.clip else None)
-    if not diagnostics:
-        return scales, None
+    if diagnostics is None:
+        return scales
     ks = torch.cat(
         [
             torch.as_tensor(w.k, dtype=table.dtype, device=table.device).reshape(1).expand(n)
             for w, n in zip(wanted, sizes, strict=True)
         ]
     )
-    return scales, torch.cat([table, ks.reshape(-1, 1)], dim=1)
+    diagnostics.add(torch.cat([table, ks.reshape(-1, 1)], dim=1))
+    return scales
 
 
 class Diagnostics:

@@ -252,9 +252,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             )
             for group, _, params, _ in mars_path
         ]
-        scales, raw = scales_and_stats(work, self._sharding(), self.diagnostics)
-        if raw is not None:
-            self._diagnostics.add(raw)
+        scales = scales_and_stats(work, self._sharding(), self._diagnostics if self.diagnostics else None)
         clip_scales = {id(b[2]): sc for b, sc in zip(mars_path, scales, strict=True)}
         shampoo = []
         for group, role, params, step in plan:

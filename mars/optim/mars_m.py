@@ -159,9 +159,7 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
                     fused=self.fused,
                 )
             )
-        scales, raw = scales_and_stats(work, self._sharding(), self.diagnostics)
-        if raw is not None:
-            self._diagnostics.add(raw)
+        scales = scales_and_stats(work, self._sharding(), self._diagnostics if self.diagnostics else None)
         return scales
 
     def _momentum(self, group, grads, states, outs, scales) -> None:

@@ -199,12 +199,13 @@ def _check_loadable(optimizer: TorchContract, state_dict: dict) -> None:
     for i, (group, saved) in enumerate(zip(groups, saved_groups, strict=True)):
         for saved_id, p in zip(saved["params"], group["params"], strict=True):
             owner[saved_id] = (p, group, i)
-    entries = [
-        (owner[k][0], owner[k][1], buffers)
+    located = [  # (parameter, group, group index, saved buffers)
+        (*owner[k], buffers)
         for k, buffers in state_dict.get("state", {}).items()
         if k in owner and isinstance(buffers, dict)
     ]
     if record is None:
+        entries = [(p, group, buffers) for p, group, _, buffers in located]
         for name, (value, evidence) in optimizer._infer_options(entries).items():
             if value != getattr(optimizer, name):
                 _fail(
@@ -213,10 +214,7 @@ def _check_loadable(optimizer: TorchContract, state_dict: dict) -> None:
                     f"optimizer is {ours}",
                     f"build {optimizer._name} with {name}={value!r} to resume it",
                 )
-    for k, buffers in state_dict.get("state", {}).items():
-        if k not in owner or not isinstance(buffers, dict):
-            continue
-        p, group, i = owner[k]
+    for p, group, i, buffers in located:
         unknown = set(buffers) - optimizer._buffer_names(p, group)
         if unknown:
             _fail(

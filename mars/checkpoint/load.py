@@ -129,10 +129,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
 
     ckpt = find_checkpoint(path)
     config = read_model_config(ckpt / MODEL_CONFIG)
-    with torch.device("meta"):
-        model = GPT(config)
-    model.to_empty(device=device)
-    model.tie_weights()
+    model = GPT.empty(config, device)
     load_model_state(model, ckpt)
     model.eval()
 

@@ -8,6 +8,7 @@ mlp.c_fc,mlp.c_proj}``, ``transformer.ln_f`` and ``lm_head`` (the same tensor as
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -85,6 +86,27 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.tie_weights()
         self.init_weights()
+
+    @classmethod
+    def empty(
+        cls,
+        config: GPTConfig,
+        device: str | torch.device,
+        dtype: torch.dtype | None = None,
+        on_meta: Callable[[GPT], None] | None = None,
+    ) -> GPT:
+        """The model with its weights allocated on ``device`` (in ``dtype``) but not set: built on the
+        meta device, so nothing is initialised only to be overwritten by loaded weights or
+        ``init_weights``. ``on_meta(model)`` runs before the allocation (e.g. FSDP2 sharding)."""
+        with torch.device("meta"):
+            model = cls(config)
+        if on_meta is not None:
+            on_meta(model)
+        if dtype is not None:
+            model.to(dtype=dtype)
+        model.to_empty(device=device)
+        model.tie_weights()
+        return model
 
     def tie_weights(self) -> None:
         """Make lm_head use the token embedding matrix (call again after ``to_empty``)."""

@@ -146,10 +146,7 @@ def from_hf(hf_model) -> GPT:
         scale_attn_by_inverse_layer_idx=bool(hc.scale_attn_by_inverse_layer_idx),
     )
     ref_param = theirs[WTE]
-    with torch.device("meta"):
-        model = GPT(config)
-    model.to(dtype=ref_param.dtype).to_empty(device=ref_param.device)
-    model.tie_weights()
+    model = GPT.empty(config, ref_param.device, dtype=ref_param.dtype)
     tensors = {}
     for key in model.state_dict():
         if key == LM_HEAD:

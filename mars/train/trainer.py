@@ -78,12 +78,7 @@ def build_model(model_cfg, device: torch.device, seed: int, shard=None):
     given, is applied to the model while it is still on the meta device (train.parallel=fsdp)."""
     from mars.model import GPT
 
-    with torch.device("meta"):
-        model = GPT(model_cfg)
-    if shard is not None:
-        shard(model)
-    model.to_empty(device=device)
-    model.tie_weights()
+    model = GPT.empty(model_cfg, device, on_meta=shard)
     model.init_weights(generator=torch.Generator(device=device).manual_seed(seed))
     return model
 
@@ -365,17 +360,14 @@ class Trainer:
         float32 copy to evaluate (the others get None)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from mars.model import GPT
-
         full = get_model_state_dict(
             self.raw_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
         if not self.dist.is_main:
             return None
-        with torch.device("meta"):
-            model = GPT(self.cfg.model)
-        model.to_empty(device=self.device)
-        model.tie_weights()
+        from mars.model import GPT
+
+        model = GPT.empty(self.cfg.model, self.device)
         model.load_state_dict(full)
         return model
 

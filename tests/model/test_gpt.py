@@ -152,3 +152,12 @@ def test_count_params_with_bias():
     model = GPT(cfg)
     assert count_params(cfg) == model.num_params()
     assert count_params(cfg, non_embedding=False) == model.num_params(non_embedding=False)
+
+
+def test_empty_allocates_after_the_meta_hook_in_the_dtype_asked_with_the_head_tied():
+    seen = []
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=128)
+    model = GPT.empty(cfg, "cpu", dtype=torch.float64, on_meta=lambda m: seen.append(m.lm_head.weight.device))
+    assert seen == [torch.device("meta")]  # the hook ran before any storage existed
+    assert all(p.device.type == "cpu" and p.dtype == torch.float64 for p in model.parameters())
+    assert model.lm_head.weight is model.transformer.wte.weight

@@ -195,44 +195,38 @@ def _random_grads(model) -> None:
         copy_full_(p.grad, full)
 
 
-def _rank(rank: int, world: int, init_file: str, out: str, args) -> None:
+def _rank(rank: int, world: int, args) -> list | None:
+    """One rank of a --world-size run: every row timed here; rank 0 returns all ranks' rows."""
     import torch.distributed as dist
 
     torch.set_num_threads(args.threads or 1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        n_layer = args.n_layer or (4 if args.small else 12)
-        shard = None
-        if args.parallel == "fsdp":
-            from mars.train.parallel import device_mesh, parallelize
+    n_layer = args.n_layer or (4 if args.small else 12)
+    shard = None
+    if args.parallel == "fsdp":
+        from mars.train.parallel import device_mesh, parallelize
 
-            mesh = device_mesh(world, 1, "cpu")
+        mesh = device_mesh(world, 1, "cpu")
 
-            def shard(m):
-                parallelize(m, mesh, mixed_precision=False)
+        def shard(m):
+            parallelize(m, mesh, mixed_precision=False)
 
-        model = _model(n_layer, shard)
-        _random_grads(model)
-        n_params = sum(p.numel() for p in model.parameters())
-        group = dist.group.WORLD if args.parallel == "ddp" else None
-        rows = [
-            time_row(name, model, n_params, args.steps, args.warmup, torch.device("cpu"), group)
-            for name in args.names
-        ]
-        gathered = [None] * world
-        dist.all_gather_object(gathered, rows)
-        if rank == 0:
-            Path(out).write_text(json.dumps(gathered))
-    finally:
-        dist.destroy_process_group()
+    model = _model(n_layer, shard)
+    _random_grads(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    group = dist.group.WORLD if args.parallel == "ddp" else None
+    rows = [
+        time_row(name, model, n_params, args.steps, args.warmup, torch.device("cpu"), group)
+        for name in args.names
+    ]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows)
+    return gathered if rank == 0 else None
 
 
 def run_distributed(args) -> int:
     """Per-rank optimizer step time with W ranks (each `--threads`, default 1: one rank stands for one
     device) against one process with the same threads, and optimizer-state bytes per rank."""
-    import tempfile
-
-    import torch.multiprocessing as mp
+    from mars.train.distributed import run_local_ranks
 
     args.names = args.only.split(",") if args.only else list(DIVIDED_ROWS)
     unknown = [n for n in args.names if n not in ROWS]
@@ -248,15 +242,7 @@ def run_distributed(args) -> int:
         n: time_row(n, single, n_params, args.steps, args.warmup, torch.device("cpu")) for n in args.names
     }
     del single
-    with tempfile.TemporaryDirectory(prefix="bench_optim_") as tmp:
-        out = Path(tmp, "rows.json")
-        mp.start_processes(
-            _rank,
-            args=(args.world_size, str(Path(tmp, "init")), str(out), args),
-            nprocs=args.world_size,
-            start_method="spawn",
-        )
-        per_rank = json.loads(out.read_text())
+    per_rank = run_local_ranks(_rank, args.world_size, args)
     print(
         f"GPT-2 shapes, {n_layer} layers, {n_params / 1e6:.1f}M parameters; W={args.world_size} gloo CPU "
         f"ranks ({args.parallel}) x {threads} thread(s) against 1 process x {threads} thread(s); "

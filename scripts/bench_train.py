@@ -212,64 +212,50 @@ def print_layouts(rows: list[dict], args) -> None:
 
 
 def _rank(
-    rank: int, world: int, init_file: str, out: str, args, names: list[str], overrides: list[str]
-) -> None:
-    """One rank of a --world-size run: every (layout, optimizer) row, gathered on rank 0."""
+    rank: int, world: int, args, names: list[str], overrides: list[str], device_type: str
+) -> list | None:
+    """One rank of a --world-size run: every (layout, optimizer) row; rank 0 returns them with every
+    rank's optimizer-state bytes."""
     import torch.distributed as dist
 
     from mars.train.distributed import DistInfo
 
-    cuda = torch.cuda.is_available() and args.device in ("auto", "cuda")
-    device = f"cuda:{rank}" if cuda else "cpu"
-    if cuda:
-        torch.cuda.set_device(rank)
+    device = f"cuda:{rank}" if device_type == "cuda" else "cpu"
     torch.set_num_threads(args.threads_per_rank)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
-    )
-    try:
-        info = DistInfo(rank=rank, local_rank=rank, world_size=world, device=device)
-        gbs = f"train.global_batch_size={args.batch_size * world}"
-        rows = []
-        with tempfile.TemporaryDirectory(prefix=f"bench_train_{rank}_") as tmp:
-            for parallel in args.parallel:
-                for name in names:
-                    extra = [*overrides, gbs, f"train.device={device}", f"train.parallel={parallel}"]
-                    rows.append(bench_one(name, extra, args.steps, args.warmup, Path(tmp) / parallel, info))
-                    if rank == 0:
-                        print(
-                            f"  {parallel} {name}: {rows[-1]['ms_per_step']:.1f} ms/step",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-        gathered = [None] * world
-        dist.all_gather_object(gathered, [r["optimizer_state_bytes"] for r in rows])
-        for i, r in enumerate(rows):
-            r["optimizer_state_bytes_per_rank"] = [g[i] for g in gathered]
-            r["optimizer_state_bytes_max"] = max(g[i] for g in gathered)
-        if rank == 0:
-            Path(out).write_text(json.dumps(rows))
-    finally:
-        dist.destroy_process_group()
+    info = DistInfo(rank=rank, local_rank=rank, world_size=world, device=device)
+    gbs = f"train.global_batch_size={args.batch_size * world}"
+    rows = []
+    with tempfile.TemporaryDirectory(prefix=f"bench_train_{rank}_") as tmp:
+        for parallel in args.parallel:
+            for name in names:
+                extra = [*overrides, gbs, f"train.device={device}", f"train.parallel={parallel}"]
+                rows.append(bench_one(name, extra, args.steps, args.warmup, Path(tmp) / parallel, info))
+                if rank == 0:
+                    print(
+                        f"  {parallel} {name}: {rows[-1]['ms_per_step']:.1f} ms/step",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    gathered = [None] * world
+    dist.all_gather_object(gathered, [r["optimizer_state_bytes"] for r in rows])
+    for i, r in enumerate(rows):
+        r["optimizer_state_bytes_per_rank"] = [g[i] for g in gathered]
+        r["optimizer_state_bytes_max"] = max(g[i] for g in gathered)
+    return rows if rank == 0 else None
 
 
 def run_ranks(args, names: list[str], overrides: list[str]) -> list[dict]:
     """--world-size W / --parallel: W processes (gloo on CPU, nccl on GPUs), each `--threads-per-rank`."""
-    import torch.multiprocessing as mp
-
     from mars.data import ensure_prepared
     from mars.train.cli import compose_config
+    from mars.train.distributed import run_local_ranks
 
     ensure_prepared(compose_config(overrides).data)  # once, before the ranks start
-    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
-        out = Path(tmp, "rows.json")
-        mp.start_processes(
-            _rank,
-            args=(args.world_size, str(Path(tmp, "init")), str(out), args, names, overrides),
-            nprocs=args.world_size,
-            start_method="spawn",
-        )
-        return json.loads(out.read_text())
+    cuda = torch.cuda.is_available() and args.device in ("auto", "cuda")
+    backend = "nccl" if cuda else "gloo"
+    return run_local_ranks(
+        _rank, args.world_size, args, names, overrides, "cuda" if cuda else "cpu", backend=backend
+    )
 
 
 if __name__ == "__main__":

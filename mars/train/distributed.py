@@ -2,13 +2,20 @@
 
 One process (plain `python train.py`) or DDP under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set
 by the launcher; nccl on CUDA, gloo on CPU). Every helper is a no-op in a single process.
+`run_local_ranks` starts ranks on this machine without torchrun (the benchmarks, the tests).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -158,3 +165,50 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def _local_rank_entry(rank: int, world: int, backend: str, tmp: str, fn: Callable, args: tuple) -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{tmp}/init", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+        if rank == 0:
+            Path(tmp, "result.pkl").write_bytes(pickle.dumps(result))
+    except BaseException:
+        Path(tmp, f"error{rank}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_local_ranks(
+    fn: Callable, world: int, *args: Any, backend: str = "gloo", timeout: float | None = None
+) -> Any:
+    """`fn(rank, world, *args)` in `world` spawned processes on this machine, joined in one process group
+    (gloo; or nccl with rank r on cuda:r); returns what rank 0's call returned. `fn` must be a
+    module-level function. A rank that raises fails the call with that rank's traceback, and so do
+    ranks still running after `timeout` seconds (they are killed): a hang fails instead of waiting."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="ranks_") as tmp:
+        ctx = mp.start_processes(
+            _local_rank_entry,
+            args=(world, backend, tmp, fn, args),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=5):
+                if deadline is not None and time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    raise RuntimeError(f"the {world} ranks did not finish in {timeout} s")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            errors = sorted(Path(tmp).glob("error*.txt"))
+            detail = "\n".join(p.read_text() for p in errors) or str(e)
+            raise RuntimeError(f"a rank failed:\n{detail}") from None
+        # written by our own rank 0 into this private directory a moment ago
+        return pickle.loads(Path(tmp, "result.pkl").read_bytes())

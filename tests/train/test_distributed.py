@@ -1,10 +1,11 @@
-"""mars.train.distributed: the process group that train.py sets up (gloo CPU processes)."""
+"""mars.train.distributed: the process group train.py sets up, and run_local_ranks (gloo CPU processes)."""
 
 from __future__ import annotations
 
 import os
 import time
 
+import pytest
 import torch.multiprocessing as mp
 
 
@@ -52,3 +53,17 @@ def test_a_collective_fails_after_train_dist_timeout_min(tmp_path):
             p.kill()
     outcome, seconds = out.read_text().rsplit(" ", 1)
     assert outcome == "timed out" and 2.0 <= float(seconds) < 30, out.read_text()
+
+
+def _rank_one_fails(rank: int, world: int) -> str:
+    if rank == 1:
+        raise ValueError("rank one broke")
+    return "rank 0 done"
+
+
+def test_run_local_ranks_returns_rank_0s_result_and_fails_with_a_failing_ranks_traceback():
+    from mars.train.distributed import run_local_ranks
+
+    assert run_local_ranks(_rank_one_fails, 1, timeout=60) == "rank 0 done"
+    with pytest.raises(RuntimeError, match="(?s)a rank failed:.*ValueError: rank one broke"):
+        run_local_ranks(_rank_one_fails, 2, timeout=60)

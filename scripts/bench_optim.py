@@ -8,8 +8,9 @@ Every row times optimizer.step() alone (gradients are fixed random tensors) as t
 --steps steps after --warmup steps; the first step, which includes torch.compile warm-up, is
 reported separately. Ratios are to torch.optim.AdamW(fused=True) on the same tensors, and for
 MARS-Shampoo / MARS-M also to the matching baseline: Muon on the same tensors (all matrices,
-embeddings included, as MARS-Shampoo) and Moonlight. state_bytes_per_param counts every tensor in
-optimizer.state (gradients and parameters excluded).
+embeddings included, as MARS-Shampoo) and Moonlight; MARS-AdamW with diagnostics on is compared
+with MARS-AdamW. state_bytes_per_param counts every tensor in optimizer.state (gradients and
+parameters excluded).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ ROWS = {
     ),
     "lion": ({"name": "lion", "lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 1.0}, "Lion"),
     "mars_adamw": ({"name": "mars_adamw", "lr": 6e-3}, "MARS-AdamW approx"),
+    "mars_adamw_diagnostics": (
+        {"name": "mars_adamw", "lr": 6e-3, "diagnostics": True},
+        "MARS-AdamW approx with optimizer.diagnostics=true (the cost of the diagnostics)",
+    ),
     "mars_adamw_foreach": (
         {"name": "mars_adamw", "lr": 6e-3, "fused": False},
         "MARS-AdamW, multi-tensor path",
@@ -49,7 +54,11 @@ ROWS = {
     "moonlight": ({"name": "moonlight", "lr": 6e-3, "weight_decay": 0.1, "nesterov": False}, "Moonlight"),
     "mars_m": ({"name": "mars_m", "lr": 6e-3, "weight_decay": 0.01}, "MARS-M approx"),
 }
-BASELINES = {"mars_shampoo": "muon_same_tensors", "mars_m": "moonlight"}
+BASELINES = {
+    "mars_adamw_diagnostics": "mars_adamw",
+    "mars_shampoo": "muon_same_tensors",
+    "mars_m": "moonlight",
+}
 
 
 def build(name: str, model: nn.Module, process_group=None):
@@ -152,7 +161,7 @@ def main(argv=None) -> int:
         rows[name] = time_row(name, model, n_params, args.steps, args.warmup, device)
     adamw_ms = rows["adamw_fused"]["ms_per_step"]
     header = (
-        f"{'optimizer':<20} {'ms/step':>10} {'x AdamW':>8} {'x base':>7} {'baseline':<18} "
+        f"{'optimizer':<24} {'ms/step':>10} {'x AdamW':>8} {'x base':>7} {'baseline':<18} "
         f"{'1st step ms':>11} {'B/param':>8}"
     )
     print(header)
@@ -163,7 +172,7 @@ def main(argv=None) -> int:
         row["ratio_to_baseline"] = row["ms_per_step"] / rows[base]["ms_per_step"]
         row["ratio_to_adamw"] = row["ms_per_step"] / adamw_ms
         print(
-            f"{name:<20} {row['ms_per_step']:>10.1f} {row['ratio_to_adamw']:>8.2f} "
+            f"{name:<24} {row['ms_per_step']:>10.1f} {row['ratio_to_adamw']:>8.2f} "
             f"{row['ratio_to_baseline']:>7.2f} {base:<18} {row['first_step_ms']:>11.0f} "
             f"{row['state_bytes_per_param']:>8.2f}"
         )

@@ -10,7 +10,7 @@ On a machine with one or more CUDA GPUs this runs, within --budget seconds (defa
 the whole command fits 8 minutes on one H200), each part in its own process with its own timeout:
 
     environment    GPUs, driver, CUDA/torch/triton versions; which project modules import; one fused
-                   optimizer step compiled by Triton (mars.optim._fused.available / _disabled_reason)
+                   optimizer step compiled by Triton (mars.optim._kernels.available / _disabled_reason)
     imports        passed when every module the parts need imports (else one line naming them)
     data           the embedded corpus prepared (once) under --data-root (default: the repo's data/)
     cuda-optim     pytest -m cuda tests/cuda/test_optim_cuda.py tests/cuda/test_newton_schulz_cuda.py:
@@ -62,7 +62,7 @@ JSON schema (gpu_check.json; keys are only ever added):
         "imports": {GROUP: {"ok", "missing": [module, ...], "errors": [text, ...]}},
         "missing_modules": [module, ...], "install_hint": str or null,
         "fused": {"device", "available", "compiled" (null: not tried, as in a dry run),
-                  "first_step_s", "disabled_reason" (mars.optim._fused._disabled_reason), "error"}
+                  "first_step_s", "disabled_reason" (mars.optim._kernels._disabled_reason), "error"}
       },
       "parts": [
         {
@@ -525,11 +525,11 @@ def _check_imports(data_root: Path, dry_run: bool) -> dict:
 def _fused_probe(torch, dry_run: bool) -> dict:
     """One MARS step with fused=True on a CUDA tensor: does Triton compile the kernels?"""
     try:
-        from mars.optim import MARS, _fused
+        from mars.optim import MARS, _kernels
     except Exception as e:  # noqa: BLE001
         return {"error": f"mars.optim does not import: {type(e).__name__}: {e}"}
     device = torch.device("cpu" if dry_run or not torch.cuda.is_available() else "cuda")
-    facts: dict = {"device": device.type, "available": _fused.available(device), "compiled": None}
+    facts: dict = {"device": device.type, "available": _kernels.available(device), "compiled": None}
     if device.type == "cuda" and facts["available"]:  # on the CPU (dry run) compiling would take long
         try:
             p = torch.nn.Parameter(torch.randn(256, 256, device=device))
@@ -539,14 +539,13 @@ def _fused_probe(torch, dry_run: bool) -> dict:
             opt.step()
             torch.cuda.synchronize()
             facts["first_step_s"] = round(time.perf_counter() - t0, 2)
-            kernel = getattr(_fused, "_mars_adamw", {}).get(True)
             facts["compiled"] = (
-                _fused._disabled_reason is None and getattr(kernel, "_compiled", 1) is not None
+                _kernels._disabled_reason is None and "mars_adamw" in _kernels.compiled_rules()
             )
         except Exception as e:  # noqa: BLE001
             facts["error"] = f"{type(e).__name__}: {e}"
-    facts["available"] = _fused.available(device)
-    facts["disabled_reason"] = _fused._disabled_reason
+    facts["available"] = _kernels.available(device)
+    facts["disabled_reason"] = _kernels._disabled_reason
     return facts
 
 

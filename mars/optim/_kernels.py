@@ -1,48 +1,363 @@
-"""Choose the update implementation for a bucket of tensors: compiled fused kernels or multi-tensor ops."""
+"""Run an update rule of mars.optim.rules over a bucket of tensors: compiled, or with multi-tensor ops.
+
+`update(rule, tensors, into, ...)` runs the rule and stores its results; `norms(rule, tensors, ...)`
+returns its per-tensor reductions as an (n, k) table. Both choose, per tensor:
+
+- compiled (fused=None where available, or fused=True): the rule as one kernel per tensor, compiled
+  by torch.compile (Inductor: C++/OpenMP on CPU, Triton on CUDA) on first use. Tensors are
+  flattened, so one dynamic-shape compilation serves every shape; the hyperparameters travel as one
+  small tensor (a row of a table on the tensors' device), so a changing lr, gamma, step count or
+  clip scale never recompiles and nothing is read back to the host. Arithmetic runs in float64 for
+  float64 tensors and in float32 otherwise (bf16/fp16 upcast on load, rounded once on store).
+- multi-tensor (fused=False, MARS_OPTIM_FUSED=0 with fused=None, no compiler, tensors under
+  FUSED_MIN_NUMEL entries, non-contiguous ones, and everything inside an outer torch.compile of a
+  training step, which fuses these ops itself): the rule runs once on `TensorList`s of the whole
+  bucket, each operation one torch._foreach_* op (one launch on CUDA, a C++ loop on CPU), in the
+  same compute dtype; the results are then copied into place.
+
+If compilation fails (no C++ compiler, no Triton), the package switches to the multi-tensor path
+(`available()` turns False) with one warning. No path reads a value back to the host.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
-from types import ModuleType
+import shutil
+import types
+import warnings
+from collections.abc import Callable, Sequence
 
 import torch
+from torch import Tensor
 
-from . import _foreach, _fused
+Lists = Sequence[list[Tensor] | None]
+
+# MARS_OPTIM_FUSED=0 makes the multi-tensor path the default (fused=None): for short runs where
+# compiling or loading the kernels (seconds per process) costs more than they save. fused=True still
+# compiles.
+DEFAULT_ENV = "MARS_OPTIM_FUSED"
+# Smaller tensors (LayerNorm weights, biases) take the multi-tensor path: a compiled call costs ~50 us
+# of guards and a parallel region, more than the memory passes it saves (ATen's own parallel grain
+# size is the same 32768).
+FUSED_MIN_NUMEL = 32768
+# Inductor decides at compile time, from the first call's sizes, whether a CPU kernel runs its loop in
+# parallel, and the FX graph cache then reuses that decision for every size: a kernel first compiled
+# for a small tensor would update a 38M-entry embedding on one thread. dynamic_threads always emits
+# the parallel loop and lets OpenMP size the team at run time.
+_INDUCTOR_OPTIONS = {"cpp.dynamic_threads": True}
+
+
+# ---- the multi-tensor path
+
+
+def _raw(other):
+    return other.tensors if isinstance(other, TensorList) else other
+
+
+class TensorList:
+    """Same-device, same-dtype tensors whose arithmetic is torch._foreach_* ops: a rule's tensor
+    argument on the multi-tensor path. The other operand of an operation: a TensorList (entry by
+    entry; its entries may be 0-dim per-tensor values) or a number."""
+
+    __slots__ = ("tensors",)
+
+    def __init__(self, tensors: list[Tensor]) -> None:
+        self.tensors = tensors
+
+    def __add__(self, other):
+        return TensorList(torch._foreach_add(self.tensors, _raw(other)))
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return TensorList(torch._foreach_sub(self.tensors, _raw(other)))
+
+    def __rsub__(self, other):
+        return TensorList(torch._foreach_add(torch._foreach_neg(self.tensors), _raw(other)))
+
+    def __mul__(self, other):
+        if type(other) in (int, float) and other == 1:  # e.g. the clip scale of an unclipped tensor
+            return self
+        return TensorList(torch._foreach_mul(self.tensors, _raw(other)))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        return TensorList(torch._foreach_div(self.tensors, _raw(other)))
+
+    def __rtruediv__(self, other):
+        return TensorList(torch._foreach_mul(torch._foreach_reciprocal(self.tensors), _raw(other)))
+
+    def __neg__(self):
+        return TensorList(torch._foreach_neg(self.tensors))
+
+    def sqrt(self):
+        return TensorList(torch._foreach_sqrt(self.tensors))
+
+    def sign(self):
+        return TensorList(torch._foreach_sign(self.tensors))
+
+    def maximum(self, other):
+        return TensorList(torch._foreach_maximum(self.tensors, _raw(other)))
+
+    def norm(self):
+        """Per-tensor 2-norms, as a TensorList of 0-dim tensors."""
+        return TensorList(list(torch._foreach_norm(self.tensors)))
+
+
+def _wide_list(tensors: list[Tensor]) -> TensorList:
+    if tensors and tensors[0].dtype in (torch.bfloat16, torch.float16):
+        return TensorList([t.float() for t in tensors])
+    return TensorList(tensors)
+
+
+def _multi_tensor(rule, tensors: Lists, hyper: dict, options: dict):
+    args = [None if lst is None else _wide_list(lst) for lst in tensors]
+    n = len(next(a for a in args if a is not None).tensors)
+
+    # A 0-dim tensor hyperparameter (inside torch.compile) becomes a TensorList of it, n times: Dynamo
+    # traces a TensorList operation with a TensorList operand, not one with a tensor operand.
+    def value(v):
+        if isinstance(v, list):
+            return TensorList(v)
+        return TensorList([v] * n) if isinstance(v, Tensor) else v
+
+    return rule(*args, **{k: value(v) for k, v in hyper.items()}, **options)
+
+
+# ---- the compiled path
+
+_disabled_reason: str | None = None
+
+
+def available(device: torch.device) -> bool:
+    """Whether compiled kernels can be used for tensors on `device`."""
+    return _disabled_reason is None and _toolchain(device.type)
+
+
+@functools.cache
+def _toolchain(device_type: str) -> bool:
+    if not hasattr(torch, "compile"):
+        return False
+    if device_type == "cpu":
+        return any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
+    if device_type == "cuda":
+        try:
+            from torch.utils._triton import has_triton
+        except ImportError:
+            return False
+        return has_triton()
+    return False
+
+
+def _disable(err: BaseException) -> None:
+    global _disabled_reason
+    if _disabled_reason is None:
+        _disabled_reason = f"{type(err).__name__}: {err}"
+        warnings.warn(
+            "mars.optim: torch.compile of the fused optimizer kernels failed "
+            f"({_disabled_reason.splitlines()[0][:300]}); using the multi-tensor implementation instead "
+            "(same results, slower). Pass fused=False to silence this.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+class _Kernel:
+    """A rule's per-tensor body, compiled on first use; run eagerly if compilation fails."""
+
+    def __init__(self, name: str, fn: Callable) -> None:
+        self.name = name
+        self.fn = fn
+        self._compiled = None
+
+    def __call__(self, *args):
+        if _disabled_reason is not None:
+            return self.fn(*args)
+        try:
+            if self._compiled is None:
+                self._compiled = torch.compile(
+                    self.fn, dynamic=True, fullgraph=True, options=_INDUCTOR_OPTIONS
+                )
+            return self._compiled(*args)
+        except Exception as err:  # noqa: BLE001 - a broken toolchain must not stop training
+            _disable(err)
+            return self.fn(*args)
+
+
+_KERNELS: dict[tuple, _Kernel] = {}
+
+
+def _wide(t: Tensor) -> Tensor:
+    """t in its compute dtype (a no-op for float32 and float64; decided when the kernel is traced)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def _kernel(rule, arg_slots: tuple, out_slots: tuple | None, names: tuple, options: dict) -> _Kernel:
+    """The compiled kernel of `rule` for one layout of its arguments: flat[arg_slots[j]] is its j-th
+    tensor argument, its results go to flat[out_slots[k]] (out_slots None: they are returned)."""
+    key = (rule, arg_slots, out_slots, names, tuple(sorted(options.items())))
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+
+        def body(flat, hp):
+            args = [None if s is None else _wide(flat[s]) for s in arg_slots]
+            results = rule(*args, **dict(zip(names, hp.unbind(0), strict=True)), **options)
+            if out_slots is None:
+                return torch.stack(results)
+            for s, r in zip(out_slots, results, strict=True):
+                flat[s].copy_(r)
+            return None
+
+        # a code object of its own per kernel: Dynamo caches compilations (and counts recompiles) per
+        # code object, and profiles then name the rule
+        name = f"{rule.__name__}_kernel"
+        code = body.__code__.replace(co_name=name, co_qualname=name)
+        fn = types.FunctionType(code, body.__globals__, name, None, body.__closure__)
+        kernel = _KERNELS[key] = _Kernel(rule.__name__, fn)
+    return kernel
+
+
+def compiled_rules() -> set[str]:
+    """Names of the rules that have run compiled in this process (for tests and reports)."""
+    return {k.name for k in _KERNELS.values() if k._compiled is not None}
+
+
+def _hyper_rows(hyper: dict, idx: list[int], like: Tensor) -> list[Tensor]:
+    """One row of hyperparameters per tensor idx[r], in `like`'s compute dtype, on its device."""
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    numbers = [0.0 if isinstance(v, (list, Tensor)) else float(v) for v in hyper.values()]
+    row = torch.tensor(numbers, dtype=dtype)
+    if like.device.type != "cpu":
+        row = row.pin_memory().to(like.device, non_blocking=True)
+    per_tensor = [(j, v) for j, v in enumerate(hyper.values()) if isinstance(v, (list, Tensor))]
+    if not per_tensor:
+        return [row] * len(idx)
+    table = row.expand(len(idx), len(numbers)).clone()
+    for j, v in per_tensor:
+        table[:, j] = torch.stack([v[i] for i in idx]) if isinstance(v, list) else v
+    return list(table.unbind(0))
+
+
+# ---- running a rule
+
+
+def compiled_indices(fused: bool | None, tensors: Lists) -> list[int]:
+    """Which tensors of a bucket take the compiled path (the others: multi-tensor)."""
+    if fused is False or torch.compiler.is_compiling():
+        return []
+    if fused is None and os.environ.get(DEFAULT_ENV, "auto") == "0":
+        return []
+    lists = [lst for lst in tensors if lst is not None]
+    if not available(lists[0][0].device):
+        return []
+    return [
+        i
+        for i, t in enumerate(lists[0])
+        if t.numel() >= FUSED_MIN_NUMEL and all(lst[i].is_contiguous() for lst in lists)
+    ]
+
+
+def _subset(values, idx: list[int]):
+    return [values[i] for i in idx] if isinstance(values, list) else values
+
+
+def _split(fused, tensors: Lists, into: Lists, hyper: dict):
+    """(indices of the compiled tensors, the multi-tensor part as (tensors, into, hyper) or None)."""
+    big = compiled_indices(fused, [*tensors, *into])
+    n = len(next(lst for lst in tensors if lst is not None))
+    if not big:
+        return big, (tensors, into, hyper)
+    if len(big) == n:
+        return big, None
+    small = sorted(set(range(n)) - set(big))
+    return big, (
+        [None if lst is None else _subset(lst, small) for lst in tensors],
+        [_subset(lst, small) for lst in into],
+        {k: _subset(v, small) for k, v in hyper.items()},
+    )
+
+
+def _layout(tensors: Lists, into: Lists) -> tuple[list[list[Tensor]], tuple, tuple]:
+    """The distinct lists (a list in both `tensors` and `into` once), and where each argument and
+    each result is among them."""
+    unique: list[list[Tensor]] = []
+
+    def slot(lst) -> int:
+        for s, u in enumerate(unique):
+            if u is lst:
+                return s
+        unique.append(lst)
+        return len(unique) - 1
+
+    arg_slots = tuple(None if lst is None else slot(lst) for lst in tensors)
+    out_slots = tuple(slot(lst) for lst in into)
+    return unique, arg_slots, out_slots
+
+
+def _flat(t: Tensor) -> Tensor:
+    return t.detach().view(-1)
+
+
+def update(rule, tensors: Lists, into: Lists, *, fused: bool | None, options=None, **hyper) -> None:
+    """Run `rule` over a bucket and store its results in place.
+
+    tensors: the rule's tensor arguments, one list per argument (entry i of each list belongs to the
+    bucket's i-th tensor; None: the rule gets None); into: where each of its results goes, in order
+    (lists, some of them maybe from `tensors`); hyper: its hyperparameters (numbers, 0-dim tensors,
+    or per-tensor lists of 0-dim tensors); options: its static keyword arguments (functions, flags),
+    which select the compiled kernel."""
+    options = options or {}
+    big, rest = _split(fused, tensors, into, hyper)
+    if rest is not None:
+        small_tensors, small_into, small_hyper = rest
+        results = _multi_tensor(rule, small_tensors, small_hyper, options)
+        for dst, r in zip(small_into, results, strict=True):
+            torch._foreach_copy_(dst, r.tensors)
+    if big:
+        unique, arg_slots, out_slots = _layout(tensors, into)
+        kernel = _kernel(rule, arg_slots, out_slots, tuple(hyper), options)
+        rows = _hyper_rows(hyper, big, unique[0][0])
+        for i, hp in zip(big, rows, strict=True):
+            kernel([_flat(lst[i]) for lst in unique], hp)
+
+
+def norms(rule, tensors: Lists, *, fused: bool | None, options=None, **hyper) -> Tensor:
+    """Run a reduction `rule` (it returns 0-dim values per tensor) over a bucket: an (n, k) table in
+    the compute dtype, row i for the bucket's i-th tensor. Arguments as for `update`."""
+    options = options or {}
+    big, rest = _split(fused, tensors, [], hyper)
+    n = len(next(lst for lst in tensors if lst is not None))
+    rows: list[Tensor | None] = [None] * n
+    if rest is not None:
+        small_tensors, _, small_hyper = rest
+        results = _multi_tensor(rule, small_tensors, small_hyper, options)
+        table = torch.stack([torch.stack(r.tensors) for r in results], dim=1)
+        if not big:
+            return table
+        small = sorted(set(range(n)) - set(big))
+        for i, row in zip(small, table.unbind(0), strict=True):
+            rows[i] = row
+    unique, arg_slots, _ = _layout(tensors, [])
+    kernel = _kernel(rule, arg_slots, None, tuple(hyper), options)
+    for i, hp in zip(big, _hyper_rows(hyper, big, unique[0][0]), strict=True):
+        rows[i] = kernel([_flat(lst[i]) for lst in unique], hp)
+    return torch.stack(rows)
+
+
+# ---- the fused= argument
 
 
 def check_fused_flag(owner: str, fused: bool | None, device: torch.device | None) -> None:
     """fused=True is a request the optimizer must be able to honour: fail at construction if it cannot."""
     if fused not in (None, True, False):
         raise ValueError(f"{owner}: invalid fused={fused!r}: must be None (auto), True or False")
-    if fused and device is not None and not _fused.available(device):
+    if fused and device is not None and not available(device):
         raise ValueError(
             f"{owner}: fused=True needs torch.compile with a C++ compiler (CPU) or Triton (CUDA) for "
             f"{device.type} tensors; pass fused=None (auto) or fused=False"
         )
-
-
-# MARS_OPTIM_FUSED=0 makes the multi-tensor path the default (fused=None): for short runs where
-# compiling or loading the kernels (seconds per process) costs more than they save. fused=True still
-# compiles.
-DEFAULT_ENV = "MARS_OPTIM_FUSED"
-
-
-def select(fused: bool | None, *tensor_lists: list[torch.Tensor]) -> ModuleType:
-    """fused None (auto): compiled kernels where available (unless MARS_OPTIM_FUSED=0), else
-    multi-tensor; False: multi-tensor.
-    Non-contiguous tensors (they cannot be flattened in place) always take the multi-tensor path, and
-    so does everything inside an outer torch.compile (of a whole training step): the outer compiler
-    traces the multi-tensor ops and fuses them itself, whatever `fused` says."""
-    if fused is False or torch.compiler.is_compiling():
-        return _foreach
-    if fused is None and os.environ.get(DEFAULT_ENV, "auto") == "0":
-        return _foreach
-    first = tensor_lists[0][0]
-    if not _fused.available(first.device):
-        return _foreach
-    if not all(t.is_contiguous() for tensors in tensor_lists for t in tensors):
-        return _foreach
-    return _fused
 
 
 def first_device(params) -> torch.device | None:

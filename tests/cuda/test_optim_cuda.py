@@ -25,12 +25,12 @@ import pytest
 import torch
 from cuda_helpers import DEVICE, record, requires_cuda, sync
 
-from mars.optim import MARS, MARSM, Lion, Moonlight, Muon, _fused
+from mars.optim import MARS, MARSM, Lion, Moonlight, Muon, _kernels
 
 pytestmark = requires_cuda
 
 STEPS = 5
-# Matrices: four with >= _fused.FUSED_MIN_NUMEL (32768) entries, which take the compiled kernels, two of
+# Matrices: four with >= _kernels.FUSED_MIN_NUMEL (32768) entries, which take the compiled kernels, two of
 # one shape (one batched Newton-Schulz), one odd shape, one small matrix on the multi-tensor path.
 MATRICES = [(384, 256), (384, 256), (256, 384), (300, 130), (64, 48)]
 # The rest: an embedding-like matrix (the AdamW side of Muon, Moonlight and MARS-M; a MARS matrix),
@@ -81,7 +81,7 @@ def _lion(ps, fused):
 class Case:
     make: Callable  # make(params, fused) -> optimizer
     kind: str  # elementwise | sign | ns: how closely the parameters must agree (module docstring)
-    kernels: tuple  # (name in mars.optim._fused, key) of the compiled kernels the case must use
+    kernels: tuple  # (_rule name in mars.optim.rules, clip) of the compiled kernels the case must use
     exact: bool = False  # exact mode: stash a look-ahead gradient before every step
     ns: tuple = ()  # indices of the tensors that are orthogonalised
 
@@ -176,9 +176,10 @@ def state_err(opt_a, params_a, opt_b, params_b) -> float:
     return worst
 
 
-def kernel(name, key):
-    k = getattr(_fused, name)
-    return k[key] if isinstance(k, dict) else k
+def compiled(name, clip=None):
+    """Whether rule `name` (of mars.optim.rules, after a leading _) ran compiled (one kernel with or
+    without the clip)."""
+    return name.lstrip("_") in _kernels.compiled_rules()
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -186,9 +187,9 @@ def test_compiled_kernels_match_the_multi_tensor_path(name):
     case = CASES[name]
     kind, ns_idx = case.kind, case.ns
     fused, opt_f, first_s = run(case.make, True, exact=case.exact)
-    assert _fused._disabled_reason is None, f"the fused kernels were disabled: {_fused._disabled_reason}"
+    assert _kernels._disabled_reason is None, f"the fused kernels were disabled: {_kernels._disabled_reason}"
     for k in case.kernels:
-        assert kernel(*k)._compiled is not None, f"{k} was not compiled: the fused path was not taken"
+        assert compiled(*k), f"{k} was not compiled: the fused path was not taken"
     ref, opt_r, _ = run(case.make, False, exact=case.exact)
 
     s_err = state_err(opt_f, fused, opt_r, ref)
@@ -226,7 +227,7 @@ def test_bf16_parameters_follow_a_float32_run(name, fused):
     case = CASES[name]
     ours, opt, _ = run(case.make, fused, dtype=torch.bfloat16, exact=case.exact, params0=BF16_PARAMS0)
     ref, _, _ = run(case.make, False, exact=case.exact, inputs_dtype=torch.bfloat16, params0=BF16_PARAMS0)
-    assert _fused._disabled_reason is None, f"the fused kernels were disabled: {_fused._disabled_reason}"
+    assert _kernels._disabled_reason is None, f"the fused kernels were disabled: {_kernels._disabled_reason}"
     for p in ours:
         assert p.dtype == torch.bfloat16 and torch.isfinite(p).all()
     for state in opt.state.values():
@@ -244,17 +245,12 @@ def test_fused_kernels_stayed_enabled():
     """After everything above: Triton compiled every kernel (no fallback to the multi-tensor path)."""
     names = ["_adamw", "_mars_adamw", "_mars_lion", "_lion", "_sgd_momentum", "_ema_momentum"]
     names += ["_mars_momentum", "_lean_momentum"]
-    compiled = []
-    for name in names:
-        k = getattr(_fused, name)
-        for key, kern in k.items() if isinstance(k, dict) else [(None, k)]:
-            if kern._compiled is not None:
-                compiled.append(name if key is None else f"{name}[{key}]")
+    done = [name for name in names if compiled(name)]
     record(
         "fused kernels",
         device=DEVICE,
-        available=_fused.available(torch.device(DEVICE)),
-        disabled_reason=_fused._disabled_reason,
-        compiled=compiled,
+        available=_kernels.available(torch.device(DEVICE)),
+        disabled_reason=_kernels._disabled_reason,
+        compiled=done,
     )
-    assert _fused._disabled_reason is None, _fused._disabled_reason
+    assert _kernels._disabled_reason is None, _kernels._disabled_reason

@@ -72,7 +72,7 @@ def one_rank_group():
 
 
 def train_losses(info, run_dir, *extra: str) -> list[float]:
-    from mars.optim import _fused
+    from mars.optim import _kernels
     from mars.train.cli import compose_config
     from mars.train.trainer import Trainer
 
@@ -85,8 +85,8 @@ def train_losses(info, run_dir, *extra: str) -> list[float]:
             assert out.stepped
             losses.append(float(out.loss_sum) / trainer.accum_steps)
     finally:
-        if _fused._disabled_reason is not None:  # (sharded parameters are DTensors)
-            record("fused kernels", after=" ".join(extra), disabled_reason=_fused._disabled_reason)
+        if _kernels._disabled_reason is not None:  # (sharded parameters are DTensors)
+            record("fused kernels", after=" ".join(extra), disabled_reason=_kernels._disabled_reason)
     return losses
 
 

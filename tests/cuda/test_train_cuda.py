@@ -75,7 +75,7 @@ def _dynamo_room():
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_compiled_bf16_training_step(name, tmp_path):
     from mars.data import DataConfig, ensure_prepared
-    from mars.optim import _fused
+    from mars.optim import _kernels
     from mars.train.cli import compose_config
     from mars.train.distributed import DistInfo
     from mars.train.trainer import Trainer
@@ -113,4 +113,4 @@ def test_compiled_bf16_training_step(name, tmp_path):
     )
     for p in trainer.raw_model.parameters():
         assert p.dtype == torch.float32 and torch.isfinite(p).all()
-    assert _fused._disabled_reason is None, f"fused kernels disabled: {_fused._disabled_reason}"
+    assert _kernels._disabled_reason is None, f"fused kernels disabled: {_kernels._disabled_reason}"

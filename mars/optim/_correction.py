@@ -1,22 +1,20 @@
-"""The per-tensor clip of the MARS correction c_t (mars.optim.rules.correction) and the MARS diagnostics,
-shared by MARS and MARS-M.
+"""The per-tensor clip of the MARS correction c_t (rules.clipped) and the MARS diagnostics, shared by
+MARS and MARS-M.
 
-A step first computes, for every tensor on the MARS path, one row of sums in one pass over g and
-g_prev (rules.grad_sums: ||g||^2, ||g_prev||^2, ||g - g_prev||^2), stacks all rows into one table
-and, when the parameters are sharded (FSDP2 DTensors), sums it over the shards in ONE all-reduce.
-For c = x g + y g_prev (MARS's c_t: x = 1 + k, y = -k; `rules.coefficients`), with
-<g, g_prev> = (||g||^2 + ||g_prev||^2 - ||g - g_prev||^2) / 2:
+The clip c~ = c / max(||c||, 1) needs the norm of each whole tensor before its update. Where a
+bucket's update runs compiled, or its tensors are sharded over ranks (FSDP2 DTensors), one pass
+over g and g_prev computes ||c||^2 per tensor first (rules.correction_sq_norm: one compiled
+reduction per large tensor, multi-tensor ops for the rest); sharded, the stacked vector of all
+tensors' local sums is summed over the shards in ONE all-reduce per step, so the result is the same
+whether a tensor is whole or split over ranks. The updates then take each tensor's factor
+1 / max(||c||, 1) (rules.clip_scale). A bucket updated by multi-tensor ops alone clips inside its
+rule instead, from the c it computes anyway (one torch._foreach_norm), which saves recomputing c.
 
-    ||c||^2     = x^2 ||g||^2 + 2 x y <g, g_prev> + y^2 ||g_prev||^2
-    ||c - g||^2 = (x - 1)^2 ||g||^2 + 2 (x - 1) y <g, g_prev> + y^2 ||g_prev||^2
-
-The update kernels then take each tensor's scale 1 / max(||c||, 1) (rules.clip_scale). The result is
-the same whether a tensor is whole or split over ranks. A c_t that is not linear gets ||c||^2 and
-||c - g||^2 from c itself (rules.correction_sums), in the same table.
-
-Diagnostics (diagnostics=True) cost nothing more: they are read off the same table and folded into
-an accumulator on the device; nothing is read back until `Diagnostics.read()` (the trainer calls it
-at log steps only). Reported (means over the steps since the last read; the max for c_norm_max):
+Diagnostics (diagnostics=True) take one more pass over g and g_prev (rules.correction_stats: ||c||^2,
+||g||^2, ||g_prev||^2, ||g - g_prev||^2, ||c - g||^2 per tensor, summed over the shards in the same
+all-reduce) and fold the step's figures into an accumulator on the device; nothing is read back until
+`Diagnostics.read()` (the trainer calls it at log steps only). The updates do not depend on them.
+Reported (means over the steps since the last read; the max for c_norm_max):
   mars/c_norm_mean, mars/c_norm_max  ||c|| over the MARS tensors (before the clip)
   mars/clip_fraction                  fraction of MARS tensors with ||c|| > 1 (clipped when clip_c)
   mars/grad_cos                       cosine between g_t and g_prev over all MARS tensors together
@@ -40,8 +38,8 @@ DIAGNOSTIC_KEYS = (
     "mars/grad_cos",
     "mars/correction_ratio",
 )
-# the table's columns: ||g||^2, ||g_prev||^2, ||g - g_prev||^2, ||c||^2, ||c - g||^2
-G2, P2, D2, C2, CG2 = range(5)
+# the columns of rules.correction_stats: ||c||^2, ||g||^2, ||g_prev||^2, ||g - g_prev||^2, ||c - g||^2
+C2, G2, P2, D2, CG2 = range(5)
 
 
 @dataclass
@@ -52,66 +50,52 @@ class Work:
     grads: list[Tensor]
     prevs: list[Tensor]
     correction: Callable
-    linear: bool  # rules.is_linear(correction), decided at construction (not traced by torch.compile)
     gamma: float | Tensor
     beta: float
     clip: bool
     fused: bool | None
 
+    def table(self, rule) -> Tensor:
+        return _kernels.norms(
+            rule,
+            [self.grads, self.prevs],
+            fused=self.fused,
+            options={"correction": self.correction},
+            gamma=self.gamma,
+            beta=self.beta,
+        )
 
-def _sums(w: Work, diagnostics: bool) -> Tensor:
-    """The bucket's rows of the table, before the sum over shards (columns C2, CG2 still zero for a
-    linear c_t: they are derived after it)."""
-    args = ([w.grads, w.prevs],)
-    if w.linear or diagnostics:
-        sums = _kernels.norms(rules.grad_sums, *args, fused=w.fused)
-    if w.linear:
-        return torch.cat([sums, torch.zeros_like(sums[:, :2])], dim=1)
-    direct = _kernels.norms(
-        rules.correction_sums,
-        *args,
-        fused=w.fused,
-        options={"correction": w.correction},
-        gamma=w.gamma,
-        beta=w.beta,
+
+def _float(tables: list[Tensor]) -> list[Tensor]:
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tables) else torch.float32
+    return [t.to(dtype) for t in tables]
+
+
+def scales_and_stats(work: list[Work], sharding, diagnostics: Diagnostics | None) -> list:
+    """Per bucket, its update's clip `scale`: the factors 1 / max(||c||, 1), one 0-dim tensor per
+    tensor; None (the rule clips c by its own norm: multi-tensor buckets, unsharded); 1.0 (no clip).
+    With `diagnostics`, the step's figures are added to it. At most one all-reduce over the shards."""
+    ahead = [
+        w.clip and (sharding is not None or bool(_kernels.compiled_indices(w.fused, [w.grads, w.prevs])))
+        for w in work
+    ]
+    parts = _float(
+        [w.table(rules.correction_sq_norm) for w, a in zip(work, ahead, strict=True) if a]
+        + ([w.table(rules.correction_stats) for w in work] if diagnostics is not None else [])
     )
-    return torch.cat([sums if diagnostics else torch.zeros_like(direct[:, :1]).expand(-1, 3), direct], dim=1)
-
-
-def _derive_(rows: Tensor, w: Work) -> None:
-    """||c||^2 and ||c - g||^2 of a linear c_t from the summed sums (module docstring), in place."""
-    x, y = rules.coefficients(w.correction, w.gamma, w.beta)
-    g2, p2 = rows[:, G2], rows[:, P2]
-    dot = (g2 + p2 - rows[:, D2]) / 2
-    rows[:, C2] = x * x * g2 + 2 * x * y * dot + y * y * p2
-    rows[:, CG2] = (x - 1) * (x - 1) * g2 + 2 * (x - 1) * y * dot + y * y * p2
-
-
-def scales_and_stats(
-    work: list[Work], sharding, diagnostics: Diagnostics | None
-) -> list[list[Tensor] | float]:
-    """Per bucket: the clip scales, one 0-dim tensor per tensor (1.0 where the bucket does not clip).
-    With `diagnostics`, the step's table is added to it. One all-reduce over the shards for all."""
-    wanted = [w for w in work if w.clip or diagnostics is not None]
-    if not wanted:
-        return [1.0] * len(work)
-    parts = [_sums(w, diagnostics is not None) for w in wanted]
-    dtype = torch.float64 if any(p.dtype == torch.float64 for p in parts) else torch.float32
-    table = _dist.sum_over_shards_(torch.cat([p.to(dtype) for p in parts]), sharding)
-    sizes = [len(w.grads) for w in wanted]
-    for w, rows in zip(wanted, table.split(sizes), strict=True):
-        if w.linear:
-            _derive_(rows, w)
-    scales = iter(rules.clip_scale(table[:, C2]).split(sizes))
-    out: list[list[Tensor] | float] = []
-    for w in work:
-        if not (w.clip or diagnostics is not None):
-            out.append(1.0)
-            continue
-        part = next(scales)
-        out.append(list(part.unbind(0)) if w.clip else 1.0)
+    if parts:
+        sizes = [t.numel() for t in parts]
+        flat = _dist.sum_over_shards_(torch.cat([t.reshape(-1) for t in parts]), sharding)
+        parts = [f.view(t.shape) for f, t in zip(flat.split(sizes), parts, strict=True)]
+    factors = iter(parts[: sum(ahead)])
     if diagnostics is not None:
-        diagnostics.add(table)
+        diagnostics.add(torch.cat(parts[sum(ahead) :]))
+    out = []
+    for w, a in zip(work, ahead, strict=True):
+        if a:
+            out.append(list(rules.clip_scale(next(factors)[:, 0]).unbind(0)))
+        else:
+            out.append(None if w.clip else 1.0)
     return out
 
 

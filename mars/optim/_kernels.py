@@ -101,6 +101,12 @@ class TensorList:
     def maximum(self, other):
         return TensorList(torch._foreach_maximum(self.tensors, _raw(other)))
 
+    def clamp(self, min):  # noqa: A002 - torch's name
+        return TensorList(torch._foreach_clamp_min(self.tensors, min))
+
+    def reciprocal(self):
+        return TensorList(torch._foreach_reciprocal(self.tensors))
+
     def norm(self):
         """Per-tensor 2-norms, as a TensorList of 0-dim tensors."""
         return TensorList(list(torch._foreach_norm(self.tensors)))
@@ -280,13 +286,13 @@ def _split(fused, tensors: Lists, into: Lists, hyper: dict):
 
 
 def _layout(tensors: Lists, into: Lists) -> tuple[list[list[Tensor]], tuple, tuple]:
-    """The distinct lists (a list in both `tensors` and `into` once), and where each argument and
-    each result is among them."""
+    """The distinct lists (a list of the same tensors in both `tensors` and `into` once: a compiled
+    kernel must not take one tensor as two inputs), and where each argument and result is among them."""
     unique: list[list[Tensor]] = []
 
     def slot(lst) -> int:
         for s, u in enumerate(unique):
-            if u is lst:
+            if u is lst or (u[0] is lst[0] and all(a is b for a, b in zip(u, lst, strict=True))):
                 return s
         unique.append(lst)
         return len(unique) - 1

@@ -180,7 +180,6 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         _checks.flag("MARS", "approx", approx)
         _checks.flag("MARS", "diagnostics", diagnostics)
         _checks.correction("MARS", type(self))
-        self._linear_correction = rules.is_linear(self.correction)
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -249,8 +248,8 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         """One MARS step on every tensor with a gradient (`step()` calls it).
 
         1. bucket the tensors (role, device, dtype, step count) and advance their step counts;
-        2. the clip scales of every MARS-path tensor from whole-tensor norms (one all-reduce when the
-           parameters are sharded), and the diagnostics (mars.optim._correction);
+        2. the clip factors of every MARS-path tensor from whole-tensor norms (one all-reduce when
+           the parameters are sharded), and the diagnostics (mars.optim._correction);
         3. the elementwise updates, on each rank's local shard; MARS-Shampoo's momentum too;
         4. MARS-Shampoo's Newton-Schulz over all its matrices at once (divided over ranks when
            sharded or replicated, mars.optim._dist), then its updates.
@@ -270,7 +269,6 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
                 grads=[local(p.grad) for p in params],
                 prevs=[local(self.state[p]["last_grad"]) for p in params],
                 correction=self.correction,
-                linear=self._linear_correction,
                 gamma=traced(group["gamma"], params[0]),
                 beta=group["betas"][0],
                 clip=group["clip_c"],
@@ -279,7 +277,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             for group, _, params, _ in mars_path
         ]
         scales = scales_and_stats(work, self._sharding(), self._diagnostics if self.diagnostics else None)
-        clip_scales = {id(b[2]): sc for b, sc in zip(mars_path, scales, strict=True)}  # 1.0: no clip
+        clip_scales = {id(b[2]): sc for b, sc in zip(mars_path, scales, strict=True)}
         shampoo = []
         for group, role, params, step in plan:
             if role == MARS_NS:
@@ -326,7 +324,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
                 fused=self.fused,
                 options={"correction": self.correction},
                 gamma=hp["gamma"],
-                scale=scales,
+                **_clip(scales),
                 lr=hp["lr"],
                 weight_decay=hp["weight_decay"],
                 beta1=group["betas"][0],
@@ -362,7 +360,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             fused=self.fused,
             options={"correction": self.correction},
             gamma=hp["gamma"],
-            scale=scales,
+            **_clip(scales),
             **adam,
         )
 
@@ -387,7 +385,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
                 options={"correction": self.correction},
                 gamma=traced(group["gamma"], params[0]),
                 beta=beta1,
-                scale=[scales[i] for i in idx] if isinstance(scales, list) else scales,
+                **_clip([scales[i] for i in idx] if isinstance(scales, list) else scales),
                 out_scale=1.0 / (1.0 - beta1),
             )
             batches[shape] = (idx, X)
@@ -428,6 +426,11 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         over the steps of mars/c_norm_mean, mars/clip_fraction, mars/grad_cos, mars/correction_ratio and
         the max of mars/c_norm_max. One read from the device; {} when off or no step was taken."""
         return self._diagnostics.read()
+
+
+def _clip(scales) -> dict:
+    """The `scale` keyword of a MARS rule: absent when the rule clips c by its own norm."""
+    return {} if scales is None else {"scale": scales}
 
 
 def _ns(eps: float):

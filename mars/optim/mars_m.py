@@ -99,8 +99,7 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             raise ValueError(
                 f"{self.owner}: invalid approx=False with lean=True: the lean variant is approximate only"
             )
-        self._linear_correction = rules.is_linear(self.correction)
-        if lean and not self._linear_correction:
+        if lean and not rules.is_linear(self.correction):
             raise ValueError(
                 f"{self.owner}: invalid lean=True with {type(self).__name__}.correction: the lean variant "
                 "is derived from a c_t linear in (g, g_prev), c = x g + y g_prev, and this one is not; "
@@ -158,8 +157,8 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
         return {}
 
     def _clip_scales(self, matrices: list) -> list:
-        """Clip scales 1 / max(||C||, 1) of every matrix from whole-matrix norms (one all-reduce when
-        sharded), and the diagnostics; 1.0 (no clip) for the lean variant."""
+        """Per bucket, the clip `scale` of its momentum (mars.optim._correction.scales_and_stats), and
+        the diagnostics; 1.0 (no clip) for the lean variant."""
         if self.lean:
             return [1.0] * len(matrices)
         work = [
@@ -167,7 +166,6 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
                 grads=[as_matrix(local(p.grad)) for p in params],
                 prevs=[as_matrix(local(self.state[p]["last_grad"])) for p in params],
                 correction=self.correction,
-                linear=self._linear_correction,
                 gamma=traced(group["gamma"], params[0]),
                 beta=group["momentum"],
                 clip=group["clip_c"],
@@ -195,7 +193,7 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             options={"correction": self.correction},
             gamma=gamma,
             beta=beta,
-            scale=scales,
+            **({} if scales is None else {"scale": scales}),
             out_scale=1.0,
         )
 

@@ -8,11 +8,12 @@ fields straight to the constructor, with the reference grouping of the model's p
 `REFERENCE_NAMES`, the one alias table.
 
 Adding an optimizer means one module that defines the optimizer class (or a factory function), its
-config dataclass and calls `register(...)` at its end; then import the module in
-mars/optim/__init__.py and add configs/optimizer/NAME.yaml. The training config gets a Hydra schema
-per registered optimizer (mars.train.config), so a key the chosen optimizer does not take fails
-when the config is composed. A variant defined outside the package (e.g. a MARS subclass with
-another c_t) registers the same way, under a new name.
+config dataclass and calls `register(...)` at its end (a builder function build(model, cfg,
+process_group=None) is taken too, for an optimizer whose keywords differ from its config's fields);
+then import the module in mars/optim/__init__.py and add configs/optimizer/NAME.yaml. The training
+config gets a Hydra schema per registered optimizer (mars.train.config), so a key the chosen
+optimizer does not take fails when the config is composed. A variant defined outside the package
+(e.g. a MARS subclass with another c_t) registers the same way, under a new name.
 """
 
 from __future__ import annotations
@@ -73,12 +74,24 @@ class Registered:
     grouping: str  # "decay": weight decay on matrices | "matrix": hidden matrices vs the rest (Muon family)
     trainer_keys: tuple[str, ...] = ()  # keys the trainer drives (e.g. gamma_schedule), not the optimizer
     fixed: Mapping = field(default_factory=dict)  # constructor keywords this name fixes (MARS's mars_type)
+    builder: bool = False  # `optimizer` is a build(model, cfg, process_group=None) function instead
 
     def keywords(self, config) -> dict:
         """The constructor keywords of a config instance (lists become tuples, as betas are)."""
         skip = {"name", *self.trainer_keys}
         values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in skip}
         return {**self.fixed, **{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}}
+
+    def build(self, model, config, process_group=None):
+        """The optimizer of a (validated) config instance over `model`, with the reference grouping."""
+        if self.builder:
+            return self.optimizer(model, config, process_group=process_group)
+        from .groups import param_groups
+
+        keywords = self.keywords(config)
+        if "process_group" in inspect.signature(self.optimizer).parameters:
+            keywords["process_group"] = process_group
+        return self.optimizer(param_groups(model, self.name), **keywords)
 
 
 _REGISTRY: dict[str, Registered] = {}
@@ -93,8 +106,13 @@ def register(
     trainer_keys: tuple[str, ...] = (),
     fixed: Mapping | None = None,
 ) -> None:
-    """Register `optimizer` (a class, or a function returning one) under `name` with its config
-    dataclass. Every config field but `name` and `trainer_keys` must be a keyword of the optimizer."""
+    """Register `optimizer` under `name` with its config dataclass.
+
+    optimizer: a class (or a function returning an optimizer) called as optimizer(param_groups,
+    **fixed, **the config's fields but `name` and `trainer_keys`), so every such field must be one of
+    its keywords. The older form, a builder build(model, cfg, process_group=None) (recognised by its
+    first parameters, model and cfg), is still taken, for an optimizer whose keywords are not its
+    config's fields."""
     if grouping not in GROUPINGS:
         raise ValueError(f"register({name!r}): grouping={grouping!r} must be one of {GROUPINGS}")
     if name in _REGISTRY and _REGISTRY[name].config is not config:
@@ -103,14 +121,15 @@ def register(
     if not field_names or field_names[0] != "name":
         raise ValueError(f"register({name!r}): the config's first field must be `name`")
     keywords = inspect.signature(optimizer).parameters
+    builder = list(keywords)[:2] == ["model", "cfg"]
     missing = [k for k in [*field_names[1:], *(fixed or {})] if k not in keywords and k not in trainer_keys]
-    if missing:
+    if missing and not builder:
         raise ValueError(
             f"register({name!r}): {getattr(optimizer, '__name__', optimizer)} takes no keyword "
             f"{', '.join(missing)}: the fields of {config.__name__} must be its keywords (or trainer_keys)"
         )
     _REGISTRY[name] = Registered(
-        name, config, optimizer, grouping, tuple(trainer_keys), MappingProxyType(dict(fixed or {}))
+        name, config, optimizer, grouping, tuple(trainer_keys), MappingProxyType(dict(fixed or {})), builder
     )
 
 
@@ -161,12 +180,6 @@ def build_optimizer(model, cfg, process_group=None):
     cfg: a registered config dataclass instance, or a mapping of its keys with "name". process_group:
     the ranks a replicated model (DDP) is spread over; the optimizers that run Newton-Schulz divide it
     over them (sharded FSDP2 parameters need nothing: they carry their mesh)."""
-    from .groups import param_groups
-
     config = make_config(cfg)
     config.validate()
-    spec = registered(config.name)
-    keywords = spec.keywords(config)
-    if "process_group" in inspect.signature(spec.optimizer).parameters:
-        keywords["process_group"] = process_group
-    return spec.optimizer(param_groups(model, config.name), **keywords)
+    return registered(config.name).build(model, config, process_group=process_group)

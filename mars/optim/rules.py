@@ -9,18 +9,17 @@ A rule is a function of tensors and hyperparameters that returns new values; it 
   torch._foreach_* ops (no compiler needed; an outer torch.compile of a training step traces these
   and fuses them itself).
 
-So a rule uses arithmetic operators and the methods `sqrt`, `sign`, `maximum` and `norm` of its
-tensor arguments, nothing that only one of the two knows, and no Python branch on tensor values.
-Tensor arguments arrive in the compute dtype (float32; float64 for float64 tensors); hyperparameters
-are numbers or 0-dim tensors (per tensor, such as the clip scale, or inside torch.compile).
+So a rule uses arithmetic operators and the methods `sqrt`, `sign`, `maximum`, `clamp(min=)`,
+`reciprocal` and `norm` (of each whole tensor) of its tensor arguments, nothing that only one of the
+two knows, and no Python branch on tensor values. Tensor arguments arrive in the compute dtype
+(float32; float64 for float64 tensors); hyperparameters are numbers or 0-dim tensors (per tensor,
+such as a clip factor, or inside torch.compile).
 
 g gradient, g_prev previous gradient, c the MARS correction, m and v the first and second moments,
 p the parameter, beta the momentum coefficient, gamma the weight of the correction.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -30,33 +29,41 @@ import torch
 def correction(g, g_prev, gamma, beta):
     """MARS's variance-reduced gradient c_t = g_t + k (g_t - g_prev), k = gamma beta / (1 - beta).
 
-    The one definition of c_t: MARS (every mars_type), MARS-M, the norms of the clip, the diagnostics
-    and MARS-M's lean variant (`lean_coefficients`) all use it. An optimizer variant with another c_t
+    The one definition of c_t: MARS (every mars_type), MARS-M, the clip, the diagnostics and MARS-M's
+    lean variant (`lean_coefficients`) all use it. An optimizer variant with another c_t
     overrides `correction` in a subclass of MARS or MARSM (see their docstrings)."""
     return g + (g - g_prev) * (gamma * beta / (1.0 - beta))
 
 
-def grad_sums(g, g_prev):
-    """Per tensor ||g||^2, ||g_prev||^2 and ||g - g_prev||^2, in one pass over g and g_prev. For a c_t
-    linear in (g, g_prev) (`is_linear`), ||c||^2 and every MARS diagnostic follow from them
-    (mars.optim._correction); summed over the shards of a sharded tensor they are the whole tensor's."""
-    return _sq(g), _sq(g_prev), _sq(g - g_prev)
+def clipped(c, scale=None):
+    """The per-tensor clip c~ = c / max(||c||, 1): c times `scale`, the factor 1 / max(||c||, 1)
+    computed beforehand from each whole tensor's norm (mars.optim._correction; 1 for no clip), or with
+    scale None from c's own norm here."""
+    if scale is None:
+        return c * c.norm().clamp(min=1.0).reciprocal()
+    return c * scale
 
 
-def correction_sums(g, g_prev, *, correction, gamma, beta):
-    """Per tensor ||c||^2 and ||c - g||^2 computed from c itself: for a c_t that is not linear."""
+def clip_scale(sq_norm: torch.Tensor) -> torch.Tensor:
+    """The factor 1 / max(||c||, 1) of `clipped` from ||c||^2 (summed over the shards of a tensor)."""
+    return sq_norm.clamp(min=0).sqrt().clamp(min=1.0).reciprocal()
+
+
+def correction_sq_norm(g, g_prev, *, correction, gamma, beta):
+    """Per tensor (||c||^2,), in one pass over g and g_prev: the norms of the clip."""
+    return (_sq(correction(g, g_prev, gamma, beta)),)
+
+
+def correction_stats(g, g_prev, *, correction, gamma, beta):
+    """Per tensor ||c||^2, ||g||^2, ||g_prev||^2, ||g - g_prev||^2 and ||c - g||^2, in one pass over g
+    and g_prev: the MARS diagnostics (mars.optim._correction)."""
     c = correction(g, g_prev, gamma, beta)
-    return _sq(c), _sq(c - g)
+    return _sq(c), _sq(g), _sq(g_prev), _sq(g - g_prev), _sq(c - g)
 
 
 def _sq(x):
     n = x.norm()
     return n * n
-
-
-def clip_scale(sq_norm: torch.Tensor) -> torch.Tensor:
-    """The per-tensor clip c~ = c / max(||c||, 1), as the factor 1 / max(||c||, 1) from ||c||^2."""
-    return sq_norm.clamp(min=0).sqrt().clamp(min=1.0).reciprocal()
 
 
 # ---- building blocks
@@ -97,16 +104,15 @@ def adamw(p, g, m, v, vmax=None, *, lr, weight_decay, beta1, beta2, bc1, bc2_sqr
     return (p, m, v) if vmax is None else (p, m, v, vmax)
 
 
-def mars_adamw(p, g, g_prev, m, v, vmax=None, *, correction, gamma, scale, **adam):
-    """MARS-AdamW: AdamW on c~ = scale c; returns (p, m, v[, vmax], g), g being the next g_prev.
-    scale: the tensor's clip factor 1 / max(||c||, 1) (1 without the clip)."""
-    c = correction(g, g_prev, gamma, adam["beta1"]) * scale
+def mars_adamw(p, g, g_prev, m, v, vmax=None, *, correction, gamma, scale=None, **adam):
+    """MARS-AdamW: AdamW on c~ (`clipped`); returns (p, m, v[, vmax], g), g being the next g_prev."""
+    c = clipped(correction(g, g_prev, gamma, adam["beta1"]), scale)
     return (*adamw(p, c, m, v, vmax, **adam), g)
 
 
-def mars_lion(p, g, g_prev, m, *, correction, gamma, scale, lr, weight_decay, beta1):
+def mars_lion(p, g, g_prev, m, *, correction, gamma, scale=None, lr, weight_decay, beta1):
     """MARS-Lion: m = ema(m, c~), p steps by sign(m); returns (p, m, g)."""
-    m = ema(m, correction(g, g_prev, gamma, beta1) * scale, beta1)
+    m = ema(m, clipped(correction(g, g_prev, gamma, beta1), scale), beta1)
     return decoupled(p, signed(m), lr, weight_decay), m, g
 
 
@@ -130,9 +136,9 @@ def ema_momentum(g, buf, *, beta, nesterov: bool):
     return buf, (ema(buf, g, beta) if nesterov else buf)
 
 
-def mars_momentum(g, g_prev, buf, *, correction, gamma, beta, scale, out_scale):
+def mars_momentum(g, g_prev, buf, *, correction, gamma, beta, scale=None, out_scale):
     """MARS-M and MARS-Shampoo: m = ema(m, c~); NS input out_scale m; returns (m, NS input, g)."""
-    buf = ema(buf, correction(g, g_prev, gamma, beta) * scale, beta)
+    buf = ema(buf, clipped(correction(g, g_prev, gamma, beta), scale), beta)
     return buf, buf * out_scale, g
 
 
@@ -165,11 +171,9 @@ def lean_coefficients(correction, gamma, beta):
     return a, ((1.0 - beta) * x - a) / beta
 
 
-@functools.cache
 def is_linear(correction) -> bool:
     """Whether correction(g, g_prev, gamma, beta) = x g + y g_prev with x, y independent of g and
-    g_prev (checked at several gamma, beta on random g, g_prev). The lean variant needs it; the clip
-    and the diagnostics take a faster path with it."""
+    g_prev (checked at several gamma, beta on random g, g_prev): what the lean variant needs."""
     gen = torch.Generator().manual_seed(0)
     g, g_prev = torch.randn(2, 8, generator=gen, dtype=torch.float64)
     for gamma, beta in ((0.025, 0.95), (0.7, 0.5), (0.0, 0.9)):

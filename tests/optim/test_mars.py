@@ -46,6 +46,7 @@ def reference_run(
     amsgrad=False,
     gammas=None,
     hp=HP,
+    c_fn=None,
 ):
     params = [p.clone() for p in params0]
     states = [{} for _ in params]
@@ -68,6 +69,7 @@ def reference_run(
                     clip=clip,
                     matrix=matrix,
                     amsgrad=amsgrad,
+                    c_fn=c_fn,
                 )
             else:
                 ref.adamw(
@@ -341,7 +343,7 @@ def test_default_path_uses_the_compiled_kernels_where_a_compiler_exists():
     p, q = torch.nn.Parameter(torch.randn(256, 160)), torch.nn.Parameter(torch.randn(5))
     p.grad, q.grad = torch.randn(256, 160), torch.randn(5)
     MARS([p, q], optimize_1d=True).step()
-    assert {"mars_adamw", "grad_sums"} <= _kernels.compiled_rules()
+    assert "mars_adamw" in _kernels.compiled_rules()  # c clipped by its own norm inside the kernel
 
 
 def test_mars_optim_fused_0_makes_the_multi_tensor_path_the_default(monkeypatch):

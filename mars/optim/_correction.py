@@ -1,14 +1,13 @@
 """The per-tensor clip of the MARS correction c_t (rules.clipped) and the MARS diagnostics, shared by
 MARS and MARS-M.
 
-The clip c~ = c / max(||c||, 1) needs the norm of each whole tensor before its update. Where a
-bucket's update runs compiled, or its tensors are sharded over ranks (FSDP2 DTensors), one pass
-over g and g_prev computes ||c||^2 per tensor first (rules.correction_sq_norm: one compiled
-reduction per large tensor, multi-tensor ops for the rest); sharded, the stacked vector of all
-tensors' local sums is summed over the shards in ONE all-reduce per step, so the result is the same
-whether a tensor is whole or split over ranks. The updates then take each tensor's factor
-1 / max(||c||, 1) (rules.clip_scale). A bucket updated by multi-tensor ops alone clips inside its
-rule instead, from the c it computes anyway (one torch._foreach_norm), which saves recomputing c.
+The clip c~ = c / max(||c||, 1) needs the norm of each whole tensor before its update. A step first
+computes ||c||^2 of every tensor on the MARS path in one pass over g and g_prev
+(rules.correction_sq_norm: one compiled reduction over c per large tensor, multi-tensor ops for the
+rest), stacks them into one vector and, when the parameters are sharded (FSDP2 DTensors), sums it
+over the shards in ONE all-reduce per step; the updates then take each tensor's factor
+1 / max(||c||, 1) (rules.clip_scale). The result is the same whether a tensor is whole or split over
+ranks. The clip uses ||c||^2 of c itself, so any c_t is clipped the same way.
 
 Diagnostics (diagnostics=True) take one more pass over g and g_prev (rules.correction_stats: ||c||^2,
 ||g||^2, ||g_prev||^2, ||g - g_prev||^2, ||c - g||^2 per tensor, summed over the shards in the same
@@ -73,30 +72,21 @@ def _float(tables: list[Tensor]) -> list[Tensor]:
 
 def scales_and_stats(work: list[Work], sharding, diagnostics: Diagnostics | None) -> list:
     """Per bucket, its update's clip `scale`: the factors 1 / max(||c||, 1), one 0-dim tensor per
-    tensor; None (the rule clips c by its own norm: multi-tensor buckets, unsharded); 1.0 (no clip).
-    With `diagnostics`, the step's figures are added to it. At most one all-reduce over the shards."""
-    ahead = [
-        w.clip and (sharding is not None or bool(_kernels.compiled_indices(w.fused, [w.grads, w.prevs])))
-        for w in work
-    ]
+    tensor, or 1.0 (no clip). With `diagnostics`, the step's figures are added to it. At most one
+    all-reduce over the shards."""
+    clipped = [w for w in work if w.clip]
     parts = _float(
-        [w.table(rules.correction_sq_norm) for w, a in zip(work, ahead, strict=True) if a]
+        [w.table(rules.correction_sq_norm) for w in clipped]
         + ([w.table(rules.correction_stats) for w in work] if diagnostics is not None else [])
     )
     if parts:
         sizes = [t.numel() for t in parts]
         flat = _dist.sum_over_shards_(torch.cat([t.reshape(-1) for t in parts]), sharding)
         parts = [f.view(t.shape) for f, t in zip(flat.split(sizes), parts, strict=True)]
-    factors = iter(parts[: sum(ahead)])
+    factors = iter(parts[: len(clipped)])
     if diagnostics is not None:
-        diagnostics.add(torch.cat(parts[sum(ahead) :]))
-    out = []
-    for w, a in zip(work, ahead, strict=True):
-        if a:
-            out.append(list(rules.clip_scale(next(factors)[:, 0]).unbind(0)))
-        else:
-            out.append(None if w.clip else 1.0)
-    return out
+        diagnostics.add(torch.cat(parts[len(clipped) :]))
+    return [list(rules.clip_scale(next(factors)[:, 0]).unbind(0)) if w.clip else 1.0 for w in work]
 
 
 class Diagnostics:

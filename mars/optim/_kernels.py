@@ -11,9 +11,9 @@ returns its per-tensor reductions as an (n, k) table. Both choose, per tensor:
   float64 tensors and in float32 otherwise (bf16/fp16 upcast on load, rounded once on store).
 - multi-tensor (fused=False, MARS_OPTIM_FUSED=0 with fused=None, no compiler, tensors under
   FUSED_MIN_NUMEL entries, non-contiguous ones, and everything inside an outer torch.compile of a
-  training step, which fuses these ops itself): the rule runs once on `TensorList`s of the whole
-  bucket, each operation one torch._foreach_* op (one launch on CUDA, a C++ loop on CPU), in the
-  same compute dtype; the results are then copied into place.
+  training step, which fuses these ops itself): the rule runs on `TensorList`s of the whole bucket
+  (on the CPU strip by strip, see STRIP), each operation one torch._foreach_* op (one launch on
+  CUDA, a C++ loop on CPU), in the same compute dtype; the results are then copied into place.
 
 If compilation fails (no C++ compiler, no Triton), the package switches to the multi-tensor path
 (`available()` turns False) with one warning. No path reads a value back to the host.
@@ -101,12 +101,6 @@ class TensorList:
     def maximum(self, other):
         return TensorList(torch._foreach_maximum(self.tensors, _raw(other)))
 
-    def clamp(self, min):  # noqa: A002 - torch's name
-        return TensorList(torch._foreach_clamp_min(self.tensors, min))
-
-    def reciprocal(self):
-        return TensorList(torch._foreach_reciprocal(self.tensors))
-
     def norm(self):
         """Per-tensor 2-norms, as a TensorList of 0-dim tensors."""
         return TensorList(list(torch._foreach_norm(self.tensors)))
@@ -130,6 +124,42 @@ def _multi_tensor(rule, tensors: Lists, hyper: dict, options: dict):
         return TensorList([v] * n) if isinstance(v, Tensor) else v
 
     return rule(*args, **{k: value(v) for k, v in hyper.items()}, **options)
+
+
+# On the CPU the multi-tensor path runs a rule strip by strip: entries [j STRIP, (j + 1) STRIP) of
+# every contiguous tensor at once. Each operation then works on data in cache instead of making a pass
+# over memory (and a fresh allocation, whose pages fault in, for each intermediate result): on the
+# GPT-2 embedding a MARS-AdamW update takes a third of the time it takes on whole tensors.
+STRIP = 1 << 16
+
+
+def _strips(tensors: Lists, into: Lists, hyper: dict):
+    """The bucket in strips: (tensors, into, hyper, owners) each, owners[r] the index of the bucket
+    tensor whose piece the r-th entry is. One strip of everything off the CPU or inside torch.compile."""
+    lists = [lst for lst in [*tensors, *into] if lst is not None]
+    first = lists[0]
+    n = len(first)
+    pieces = [
+        -(-t.numel() // STRIP) if t.numel() > STRIP and all(lst[i].is_contiguous() for lst in lists) else 1
+        for i, t in enumerate(first)
+    ]
+    if first[0].device.type != "cpu" or torch.compiler.is_compiling() or max(pieces) == 1:
+        yield tensors, into, hyper, list(range(n))
+        return
+    flat = {id(lst): [t.view(-1) if k > 1 else t for t, k in zip(lst, pieces, strict=True)] for lst in lists}
+    for j in range(max(pieces)):
+        owners = [i for i, k in enumerate(pieces) if k > j]
+
+        def cut(lst, j=j, owners=owners):
+            views = flat[id(lst)]
+            return [views[i][j * STRIP : (j + 1) * STRIP] if pieces[i] > 1 else views[i] for i in owners]
+
+        yield (
+            [None if lst is None else cut(lst) for lst in tensors],
+            [cut(lst) for lst in into],
+            {k: [v[i] for i in owners] if isinstance(v, list) else v for k, v in hyper.items()},
+            owners,
+        )
 
 
 # ---- the compiled path
@@ -307,7 +337,7 @@ def _flat(t: Tensor) -> Tensor:
 
 
 def update(rule, tensors: Lists, into: Lists, *, fused: bool | None, options=None, **hyper) -> None:
-    """Run `rule` over a bucket and store its results in place.
+    """Run the update `rule` over a bucket and store its results in place.
 
     tensors: the rule's tensor arguments, one list per argument (entry i of each list belongs to the
     bucket's i-th tensor; None: the rule gets None); into: where each of its results goes, in order
@@ -317,10 +347,10 @@ def update(rule, tensors: Lists, into: Lists, *, fused: bool | None, options=Non
     options = options or {}
     big, rest = _split(fused, tensors, into, hyper)
     if rest is not None:
-        small_tensors, small_into, small_hyper = rest
-        results = _multi_tensor(rule, small_tensors, small_hyper, options)
-        for dst, r in zip(small_into, results, strict=True):
-            torch._foreach_copy_(dst, r.tensors)
+        for small_tensors, small_into, small_hyper, _ in _strips(*rest):
+            results = _multi_tensor(rule, small_tensors, small_hyper, options)
+            for dst, r in zip(small_into, results, strict=True):
+                torch._foreach_copy_(dst, r.tensors)
     if big:
         unique, arg_slots, out_slots = _layout(tensors, into)
         kernel = _kernel(rule, arg_slots, out_slots, tuple(hyper), options)
@@ -330,16 +360,21 @@ def update(rule, tensors: Lists, into: Lists, *, fused: bool | None, options=Non
 
 
 def norms(rule, tensors: Lists, *, fused: bool | None, options=None, **hyper) -> Tensor:
-    """Run a reduction `rule` (it returns 0-dim values per tensor) over a bucket: an (n, k) table in
+    """Run a reduction `rule` (it returns per-tensor sums, 0-dim) over a bucket: an (n, k) table in
     the compute dtype, row i for the bucket's i-th tensor. Arguments as for `update`."""
     options = options or {}
     big, rest = _split(fused, tensors, [], hyper)
     n = len(next(lst for lst in tensors if lst is not None))
     rows: list[Tensor | None] = [None] * n
     if rest is not None:
-        small_tensors, _, small_hyper = rest
-        results = _multi_tensor(rule, small_tensors, small_hyper, options)
-        table = torch.stack([torch.stack(r.tensors) for r in results], dim=1)
+        table = None
+        for small_tensors, _, small_hyper, owners in _strips(*rest):
+            results = _multi_tensor(rule, small_tensors, small_hyper, options)
+            part = torch.stack([torch.stack(r.tensors) for r in results], dim=1)
+            if table is None:  # the first strip has a piece of every tensor, in order
+                table = part
+            else:  # the sums over each tensor's strips
+                table = table.index_add(0, torch.tensor(owners, device=part.device), part)
         if not big:
             return table
         small = sorted(set(range(n)) - set(big))

@@ -324,7 +324,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
                 fused=self.fused,
                 options={"correction": self.correction},
                 gamma=hp["gamma"],
-                **_clip(scales),
+                scale=scales,
                 lr=hp["lr"],
                 weight_decay=hp["weight_decay"],
                 beta1=group["betas"][0],
@@ -360,7 +360,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             fused=self.fused,
             options={"correction": self.correction},
             gamma=hp["gamma"],
-            **_clip(scales),
+            scale=scales,
             **adam,
         )
 
@@ -385,7 +385,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
                 options={"correction": self.correction},
                 gamma=traced(group["gamma"], params[0]),
                 beta=beta1,
-                **_clip([scales[i] for i in idx] if isinstance(scales, list) else scales),
+                scale=[scales[i] for i in idx] if isinstance(scales, list) else scales,
                 out_scale=1.0 / (1.0 - beta1),
             )
             batches[shape] = (idx, X)
@@ -426,11 +426,6 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         over the steps of mars/c_norm_mean, mars/clip_fraction, mars/grad_cos, mars/correction_ratio and
         the max of mars/c_norm_max. One read from the device; {} when off or no step was taken."""
         return self._diagnostics.read()
-
-
-def _clip(scales) -> dict:
-    """The `scale` keyword of a MARS rule: absent when the rule clips c by its own norm."""
-    return {} if scales is None else {"scale": scales}
 
 
 def _ns(eps: float):

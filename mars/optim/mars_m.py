@@ -193,7 +193,7 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             options={"correction": self.correction},
             gamma=gamma,
             beta=beta,
-            **({} if scales is None else {"scale": scales}),
+            scale=scales,
             out_scale=1.0,
         )
 

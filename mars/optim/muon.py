@@ -203,7 +203,7 @@ class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
         return loss
 
     def _clip_scales(self, matrices: list) -> list:
-        """Per matrix bucket, the clip scales of c (MARS-M; see mars.optim._correction)."""
+        """Per matrix bucket, the clip scales of c (MARS-M): 0-dim tensors, or 1.0 (no clip)."""
         return [1.0] * len(matrices)
 
     def _matrix_momentum(self, group: dict, params: list, scales) -> torch.Tensor:

@@ -9,11 +9,12 @@ A rule is a function of tensors and hyperparameters that returns new values; it 
   torch._foreach_* ops (no compiler needed; an outer torch.compile of a training step traces these
   and fuses them itself).
 
-So a rule uses arithmetic operators and the methods `sqrt`, `sign`, `maximum`, `clamp(min=)`,
-`reciprocal` and `norm` (of each whole tensor) of its tensor arguments, nothing that only one of the
-two knows, and no Python branch on tensor values. Tensor arguments arrive in the compute dtype
-(float32; float64 for float64 tensors); hyperparameters are numbers or 0-dim tensors (per tensor,
-such as a clip factor, or inside torch.compile).
+So a rule uses arithmetic operators and the methods `sqrt`, `sign` and `maximum` of its tensor
+arguments (and `norm`, in a reduction rule), nothing that only one of the two knows, and no Python
+branch on tensor values. An update rule is elementwise: the same rule applies to any piece of a
+tensor (a shard, a chunk). Tensor arguments arrive in the compute dtype (float32; float64 for
+float64 tensors); hyperparameters are numbers or 0-dim tensors (per tensor, such as a clip factor,
+or inside torch.compile).
 
 g gradient, g_prev previous gradient, c the MARS correction, m and v the first and second moments,
 p the parameter, beta the momentum coefficient, gamma the weight of the correction.
@@ -30,27 +31,27 @@ def correction(g, g_prev, gamma, beta):
     """MARS's variance-reduced gradient c_t = g_t + k (g_t - g_prev), k = gamma beta / (1 - beta).
 
     The one definition of c_t: MARS (every mars_type), MARS-M, the clip, the diagnostics and MARS-M's
-    lean variant (`lean_coefficients`) all use it. An optimizer variant with another c_t
-    overrides `correction` in a subclass of MARS or MARSM (see their docstrings)."""
+    lean variant (`lean_coefficients`) all use it. An optimizer variant with another c_t overrides
+    `correction` in a subclass of MARS or MARSM (see their docstrings); like every update rule it
+    must be elementwise (under FSDP2 it sees each rank's shard)."""
     return g + (g - g_prev) * (gamma * beta / (1.0 - beta))
 
 
-def clipped(c, scale=None):
-    """The per-tensor clip c~ = c / max(||c||, 1): c times `scale`, the factor 1 / max(||c||, 1)
-    computed beforehand from each whole tensor's norm (mars.optim._correction; 1 for no clip), or with
-    scale None from c's own norm here."""
-    if scale is None:
-        return c * c.norm().clamp(min=1.0).reciprocal()
+def clipped(c, scale):
+    """The per-tensor clip c~ = c / max(||c||, 1), as c times `scale`: the factor 1 / max(||c||, 1)
+    of each whole tensor (`clip_scale`, computed beforehand by mars.optim._correction), 1 for no clip."""
     return c * scale
 
 
 def clip_scale(sq_norm: torch.Tensor) -> torch.Tensor:
-    """The factor 1 / max(||c||, 1) of `clipped` from ||c||^2 (summed over the shards of a tensor)."""
+    """The factor 1 / max(||c||, 1) of `clipped` from ||c||^2 (summed over the pieces of a tensor)."""
     return sq_norm.clamp(min=0).sqrt().clamp(min=1.0).reciprocal()
 
 
 def correction_sq_norm(g, g_prev, *, correction, gamma, beta):
-    """Per tensor (||c||^2,), in one pass over g and g_prev: the norms of the clip."""
+    """Per tensor (||c||^2,), in one pass over g and g_prev: the norms of the clip. Like every
+    reduction rule it returns sums over entries, so the sums of a tensor's pieces (its shards under
+    FSDP2, the chunks of the multi-tensor path) add up to the whole tensor's."""
     return (_sq(correction(g, g_prev, gamma, beta)),)
 
 
@@ -104,13 +105,13 @@ def adamw(p, g, m, v, vmax=None, *, lr, weight_decay, beta1, beta2, bc1, bc2_sqr
     return (p, m, v) if vmax is None else (p, m, v, vmax)
 
 
-def mars_adamw(p, g, g_prev, m, v, vmax=None, *, correction, gamma, scale=None, **adam):
+def mars_adamw(p, g, g_prev, m, v, vmax=None, *, correction, gamma, scale, **adam):
     """MARS-AdamW: AdamW on c~ (`clipped`); returns (p, m, v[, vmax], g), g being the next g_prev."""
     c = clipped(correction(g, g_prev, gamma, adam["beta1"]), scale)
     return (*adamw(p, c, m, v, vmax, **adam), g)
 
 
-def mars_lion(p, g, g_prev, m, *, correction, gamma, scale=None, lr, weight_decay, beta1):
+def mars_lion(p, g, g_prev, m, *, correction, gamma, scale, lr, weight_decay, beta1):
     """MARS-Lion: m = ema(m, c~), p steps by sign(m); returns (p, m, g)."""
     m = ema(m, clipped(correction(g, g_prev, gamma, beta1), scale), beta1)
     return decoupled(p, signed(m), lr, weight_decay), m, g
@@ -136,7 +137,7 @@ def ema_momentum(g, buf, *, beta, nesterov: bool):
     return buf, (ema(buf, g, beta) if nesterov else buf)
 
 
-def mars_momentum(g, g_prev, buf, *, correction, gamma, beta, scale=None, out_scale):
+def mars_momentum(g, g_prev, buf, *, correction, gamma, beta, scale, out_scale):
     """MARS-M and MARS-Shampoo: m = ema(m, c~); NS input out_scale m; returns (m, NS input, g)."""
     buf = ema(buf, clipped(correction(g, g_prev, gamma, beta), scale), beta)
     return buf, buf * out_scale, g

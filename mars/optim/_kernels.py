@@ -218,8 +218,9 @@ class _Kernel:
                 )
             return self._compiled(*args)
         except Exception as err:  # noqa: BLE001 - a broken toolchain must not stop training
+            result = self.fn(*args)  # an error of the rule itself is raised here, as it is
             _disable(err)
-            return self.fn(*args)
+            return result
 
 
 _KERNELS: dict[tuple, _Kernel] = {}

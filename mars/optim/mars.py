@@ -68,7 +68,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
     (`opt.register_step_pre_hook(keep_lr_1d_ratio)`), which sets lr_1d = initial lr_1d * lr / initial_lr
     before every step; hooks do not survive copy.deepcopy, pickle or a new optimizer: register it again.
 
-    Approximate mode (is_approx=True, default): g_prev is a copy of the gradient this optimizer saw
+    Approximate mode (approx=True, default): g_prev is a copy of the gradient this optimizer saw
     at its previous step (after the loop's gradient clipping), kept in its own buffer::
 
         model = torch.nn.Linear(8, 1)
@@ -80,10 +80,10 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    Exact mode (is_approx=False; `needs_previous_grads` is True): two gradients per step, looking one
+    Exact mode (approx=False; `needs_previous_grads` is True): two gradients per step, looking one
     batch ahead (docs/algorithms.md section 5)::
 
-        opt = MARS(model.parameters(), lr=6e-3, weight_decay=0.01, is_approx=False)
+        opt = MARS(model.parameters(), lr=6e-3, weight_decay=0.01, approx=False)
         for batch, next_batch in zip(batches, batches[1:]):
             loss_fn(next_batch).backward()      # grad f(x_t, xi_{t+1})
             opt.stash_previous_grads()          # becomes g_prev of step t+1
@@ -122,7 +122,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
     Another c_t: subclass MARS and override the static method `correction(g, g_prev, gamma, beta)`
     (default: mars.optim.rules.correction, g + gamma beta / (1 - beta) (g - g_prev), beta = beta1).
     It is the only place c_t is defined: the clip norms, the diagnostics and every mars_type use it.
-    It must be arithmetic on tensors that both implementations below can run (mars.optim.rules);
+    It must be elementwise arithmetic that both implementations below can run (mars.optim.rules);
     register the class with a config to train it by name::
 
         class MARSPlain(MARS):
@@ -141,9 +141,9 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
     with torch.compile where available, else multi-tensor torch._foreach_* ops over each bucket
     (fused=None picks; True requires the compiled kernels; False forces multi-tensor, as does an
     outer torch.compile of a training step, which fuses them itself). Neither reads any value back
-    from the device. Arithmetic runs in
-    float64 for float64 tensors and in float32 otherwise (bf16/fp16 storage); MARS-Shampoo's
-    Newton-Schulz runs in bfloat16 by design and its update is applied in the parameter's dtype.
+    from the device. Arithmetic runs in float64 for float64 tensors and in float32 otherwise
+    (bf16/fp16 storage); MARS-Shampoo's Newton-Schulz runs in bfloat16 by design and its update is
+    applied in the parameter's dtype.
     Parameters must be real floating point (complex ones raise a ValueError at construction); tensors
     with no entries are skipped. Accepts named parameters (model.named_parameters()) like torch's
     optimizers; state_dict() then carries "param_names". The keywords are the `optimizer.*` config

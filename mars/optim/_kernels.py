@@ -38,9 +38,9 @@ Lists = Sequence[list[Tensor] | None]
 # compiling or loading the kernels (seconds per process) costs more than they save. fused=True still
 # compiles.
 DEFAULT_ENV = "MARS_OPTIM_FUSED"
-# Smaller tensors (LayerNorm weights, biases) take the multi-tensor path: a compiled call costs ~50 us
-# of guards and a parallel region, more than the memory passes it saves (ATen's own parallel grain
-# size is the same 32768).
+# Smaller tensors (LayerNorm weights, biases) take the multi-tensor path: in a compiled call each
+# tensor costs guards and a parallel region of its own, more than the memory passes it saves (ATen's
+# own parallel grain size is the same 32768).
 FUSED_MIN_NUMEL = 32768
 # Inductor decides at compile time, from the first call's sizes, whether a CPU kernel runs its loop in
 # parallel, and the FX graph cache then reuses that decision for every size: a kernel first compiled

@@ -1,29 +1,21 @@
 """Where training metrics go: RUN_DIR/metrics.jsonl, Weights & Biases, and a tqdm bar (rank 0 only).
 
 metrics.jsonl holds one JSON object per line; every line has "step" and "tokens" (CLI.md).
-Training lines add "train/loss", "lr", "grad_norm", ...; evaluation lines add "val/loss".
+Training lines add "train/loss", "lr", "grad_norm", ...; evaluation lines add "val/loss". Its format
+(reading, the JSON encoding of values) lives in mars.metrics_jsonl, shared with mars.analysis.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 from pathlib import Path
-from typing import Any
+
+from mars.metrics_jsonl import METRICS_FILE, encode_line, jsonable, read_metrics
+
+__all__ = ["METRICS_FILE", "Metrics", "MetricsFile", "Progress", "WandbLogger", "read_metrics", "wandb_mode"]
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
-
-
-def _jsonable(v: Any) -> Any:
-    if hasattr(v, "item"):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)  # JSON has no NaN / inf
-    return v
 
 
 class MetricsFile:
@@ -37,40 +29,20 @@ class MetricsFile:
         """On resume: drop lines logged after the checkpoint we continue from (they will be redone)."""
         if not self.path.exists():
             return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-        self.path.write_text("".join(k + "\n" for k in kept))
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]  # a torn last line goes too
+        self.path.write_text("".join(encode_line(r) for r in kept))
 
     def write(self, record: dict) -> None:
         if self._f is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "a")
-        self._f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self._f.write(encode_line(record))
         self._f.flush()
 
     def close(self) -> None:
         if self._f is not None:
             self._f.close()
             self._f = None
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """Records of a metrics.jsonl (or of RUN_DIR/metrics.jsonl), skipping a truncated last line."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / METRICS_FILE
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def wandb_mode(requested: str) -> str:
@@ -119,7 +91,7 @@ class WandbLogger:
 
     def log(self, record: dict) -> None:
         if self.run is not None:
-            data = {k: _jsonable(v) for k, v in record.items() if k != "step"}
+            data = {k: jsonable(v) for k, v in record.items() if k != "step"}
             self.run.log(data, step=int(record["step"]))
 
     def finish(self) -> None:

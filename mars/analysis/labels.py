@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mars.analysis.paper import paper_key
-from mars.analysis.settings import SEED_KEYS, applies, canonical
+from mars.analysis.runs import Run, load_run
+from mars.analysis.settings import SEED_KEYS, applies, canonical, override_settings, settings_of
 
 SHAPES = {
     (4, 4, 256): "tiny",
@@ -227,3 +229,36 @@ def common_description(columns: Sequence[Column], items: Sequence[Item]) -> str:
     if "size" not in kinds and "model" not in kinds and "experiment" not in kinds and size:
         parts.append(size)
     return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- runs shown one by one
+
+
+def item_of(run: Run, keep_seeds: bool = False) -> Item:
+    """What labelling needs of a run: its settings and its overrides / config-group choices, filtered."""
+    optimizer = run.flat.get("optimizer.name")
+    overrides = override_settings({**run.choices, **run.overrides}, optimizer, keep_seeds)
+    return Item(settings_of(run.flat, keep_seeds=keep_seeds), overrides)
+
+
+def run_labels(runs: Sequence[Run | Path]) -> tuple[list[str], str]:
+    """Per run (or run dir), a label naming only what differs between these runs (seeds included),
+    and the description they share (the legend's title). A single run keeps its stand-alone label."""
+    runs = [r if isinstance(r, Run) else load_run(r, with_metrics=False) for r in runs]
+    if len(runs) == 1:
+        return [describe(runs[0].config)[0]], ""
+    items = [item_of(r, keep_seeds=True) for r in runs]
+    columns = varying_columns(items)
+    return [label(columns, it) for it in items], common_description(columns, items)
+
+
+def disambiguate(runs: Sequence[Run], dirs: Sequence[Path] | None = None) -> None:
+    """Runs whose labels coincide (the same settings, or nothing that differs) get their dir's name."""
+    dirs = [r.path for r in runs] if dirs is None else dirs
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.label] = counts.get(r.label, 0) + 1
+    for r, path in zip(runs, dirs, strict=True):
+        if counts[r.label] > 1 or not r.label:
+            name = Path(path).resolve().name
+            r.label = f"{r.label} [{name}]" if r.label else name

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 from analysis_helpers import ADAMW, BASE_CONFIG, config, power_law, write_run
 
-from mars.analysis.curves import read_run, run_labels
 from mars.analysis.groups import group_runs
-from mars.analysis.labels import Item, common_description, label, varying_columns
+from mars.analysis.labels import Item, common_description, label, run_labels, varying_columns
 from mars.analysis.plots import GroupCurves, curves_figure, groups_figure, pyplot
-from mars.analysis.runs import load_runs, parse_overrides
+from mars.analysis.runs import load_runs, parse_overrides, read_run
 from mars.analysis.settings import settings_of
 from mars.analysis.stats import mean_curve
 
@@ -142,7 +141,7 @@ def test_report_figure_legend_sits_outside_the_panels(tmp_path):
     for i in range(7):
         curve = [(d, power_law((1 + i / 4) * d)) for d in (0, 1e4, 2e4, 4e4, 8e4)]
         band = mean_curve([curve, [(d, v + 0.01) for d, v in curve]])
-        groups.append(GroupCurves(f"optimizer.lr={i}e-3, optimizer.gamma=0.0{i}", band, band, i == 0, 2))
+        groups.append(GroupCurves(f"optimizer.lr={i}e-3, optimizer.gamma=0.0{i}", [band, band], i == 0, 2))
     fig = groups_figure(groups, target=2.3)
     assert fig.legends[0].get_title().get_text() == "mean over seeds; shaded: min to max over seeds"
     assert_legend_clear_of_axes(fig)

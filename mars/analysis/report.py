@@ -52,11 +52,10 @@ from mars.analysis.metric import Metric, metric_of
 from mars.analysis.plots import GroupCurves, heatmap, plot_groups
 from mars.analysis.runs import Run, load_runs, require_metric
 from mars.analysis.significance import ALPHA, LEVEL, MAX_SEEDS, POWER, Comparison, Welch, compare, holm, welch
+from mars.analysis.speedups import Speedups
 from mars.analysis.stats import (
     Band,
-    FitError,
     PowerLaw,
-    fit_power_law,
     mean_curve,
     mean_std,
     tokens_to_target,
@@ -103,10 +102,6 @@ class GroupResult:
         return len(self.runs)
 
     @property
-    def band(self) -> Band | None:
-        return self.bands[0]
-
-    @property
     def final(self) -> tuple[float, float | None]:
         return mean_std([r.final for r in self.runs])
 
@@ -147,74 +142,6 @@ class Report:
     @property
     def n_compared(self) -> int:
         return sum(g.comparison is not None for g in self.groups)
-
-
-class Speedups:
-    """Both speedups of a group against the baseline as functions of which seeds are used, so that
-    the point estimates and the jackknife's leave-one-seed-out estimates are the same computation.
-    The target is fixed (--target) or, by default, the mean final value of the baseline's seeds used."""
-
-    def __init__(self, metric: Metric, target: float | None):
-        self.metric = metric
-        self.fixed_target = target
-        self._fits: dict[tuple[int, ...], PowerLaw | str] = {}
-
-    def target(self, base: Sequence[Run]) -> float:
-        if self.fixed_target is not None:
-            return self.fixed_target
-        return mean_std([r.final(self.metric.key) for r in base])[0]
-
-    def crossing(self, runs: Sequence[Run], target: float) -> float | None:
-        band = mean_curve([r.curve(self.metric.key) for r in runs])
-        return None if band is None else tokens_to_target(band.points(), target, self.metric.higher_is_better)
-
-    def speedup(self, group: Sequence[Run], base: Sequence[Run]) -> float | str:
-        target = self.target(base)
-        if not math.isfinite(target):
-            return "the target is not finite"
-        base_t = self.crossing(base, target)
-        if base_t is None:
-            return "the baseline does not reach the target"
-        mine = self.crossing(group, target)
-        if mine is None:
-            return "does not reach the target"
-        if mine <= 0:
-            return "reaches the target at 0 tokens"
-        return base_t / mine
-
-    def fit(self, base: Sequence[Run]) -> PowerLaw | str:
-        key = tuple(id(r) for r in base)
-        if key not in self._fits:
-            self._fits[key] = self._fit(base)
-        return self._fits[key]
-
-    def _fit(self, base: Sequence[Run]) -> PowerLaw | str:
-        if self.metric.higher_is_better:
-            return "L(D) = a D^-b + c is fitted only for metrics where lower is better"
-        band = mean_curve([r.curve(self.metric.key) for r in base])
-        if band is None:
-            return "the baseline's seeds share no token range"
-        try:
-            return fit_power_law(band.points())
-        except FitError as e:
-            return str(e)
-
-    def effective(self, group: Sequence[Run], base: Sequence[Run]) -> tuple[float, float] | str:
-        """(D_eff, D_eff / the group's mean final tokens), or why there is none."""
-        fit = self.fit(base)
-        if isinstance(fit, str):
-            return f"fit failed: {fit}"
-        final = mean_std([r.final(self.metric.key) for r in group])[0]
-        if not math.isfinite(final):
-            return f"final {self.metric.title} is not finite"
-        tokens = fit.tokens_for(final)
-        if tokens is None:
-            return f"final {self.metric.title} {final:.4g} <= the fit's asymptote c = {fit.c:.4g}"
-        return tokens, tokens / mean_std([r.final_tokens(self.metric.key) for r in group])[0]
-
-    def effective_speedup(self, group: Sequence[Run], base: Sequence[Run]) -> float | str:
-        result = self.effective(group, base)
-        return result if isinstance(result, str) else result[1]
 
 
 def build_report(

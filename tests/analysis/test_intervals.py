@@ -13,8 +13,9 @@ from scipy import stats as scipy_stats
 
 from mars.analysis.intervals import jackknife_interval
 from mars.analysis.metric import metric_of
-from mars.analysis.report import Speedups, build_report, markdown_table, to_json
+from mars.analysis.report import build_report, markdown_table, to_json
 from mars.analysis.runs import Point, Run
+from mars.analysis.speedups import Speedups
 
 X = np.array([2.91, 2.95, 2.88, 2.97])  # the group's final losses, seeds 1-4
 Y = np.array([3.01, 3.02, 2.96, 3.08])  # the baseline's

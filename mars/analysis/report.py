@@ -79,7 +79,7 @@ class GroupResult:
     label: str
     cells: list[str | None]
     runs: list[RunResult]
-    bands: list[Band | None]  # seed-mean curves of the figure's panels: the metric, then train or val loss
+    bands: list[Band | None]  # seed-mean curves of the figure's panels: the metric, then train (or val) loss
     baseline: bool = False
     tokens_to_target_curve: float | None = None  # crossing of the seed-mean curve
     speedup: float | None = None
@@ -171,7 +171,7 @@ def build_report(
     labels = [label(columns, g.item) for g in groups]
     base_index, base_note = select_baseline(groups, baseline, columns, labels, best=best, metric=m)
     second = metric_of("val/loss" if m.key == "train/loss" else "train/loss")
-    panels = [m, second]
+    panels = [m, second] if any(second.key in r.metrics for r in runs) else [m]  # the figure's panels
     results = [_group_result(g, text, columns, panels) for g, text in zip(groups, labels, strict=True)]
     base, base_runs = results[base_index], groups[base_index].runs
     base.baseline = True

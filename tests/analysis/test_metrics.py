@@ -152,6 +152,7 @@ def test_report_on_an_accuracy_where_higher_is_better(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"Metric: {ACC} (higher is better; by name: acc*)" in out
     assert "| optimizer | seeds | final downstream/hellaswag/acc | best downstream/hellaswag/acc |" in out
+    assert [p.key for p in report.panels] == [ACC]  # no train loss logged: no empty panel
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["metric"] == {"key": ACC, "higher_is_better": True, "direction_from": "by name: acc*"}
     assert "final_val_loss" not in data["groups"][0] and data["groups"][1]["final"]["mean"] == pytest.approx(

@@ -191,7 +191,7 @@ def build_report(
             r.tokens_to_target = tokens_to_target(run.curve(m.key), target_value, m.higher_is_better)
         g.tokens_to_target_curve = speedups.crossing(group.runs, target_value)
     for g, group in zip(results, groups, strict=True):
-        _compare(g, group.runs, base, base_runs, speedups, m, paired)
+        _compare(g, group.runs, base_runs, speedups, m, paired)
     compared = [g for g in results if g.comparison is not None]
     for g, p in zip(compared, holm([g.comparison.p for g in compared]), strict=True):
         g.comparison.p_holm = p
@@ -241,7 +241,6 @@ def _group_result(
 def _compare(
     g: GroupResult,
     group: list[Run],
-    base: GroupResult,
     base_runs: list[Run],
     speedups: Speedups,
     m: Metric,
@@ -373,7 +372,7 @@ def _headers(report: Report) -> tuple[str, ...]:
     )
 
 
-def _label_cells(report: Report, g: GroupResult) -> list[str]:
+def _label_cells(g: GroupResult) -> list[str]:
     cells = [v if v is not None else "-" for v in g.cells] or ["all runs"]
     if g.baseline:
         cells[0] = f"**{cells[0]}**"
@@ -391,7 +390,7 @@ def markdown_table(report: Report) -> str:
     keys = [c.header for c in report.columns] or ["group"]
     rows = [
         [
-            *_label_cells(report, g),
+            *_label_cells(g),
             str(g.n),
             _pm(*g.final),
             _pm(*g.best),
@@ -443,12 +442,12 @@ def comparison_table(report: Report) -> str:
             continue
         c = g.comparison
         if c is None:
-            rows.append([*_label_cells(report, g), f"n/a ({g.comparison_note})", *["-"] * (len(headers) - 1)])
+            rows.append([*_label_cells(g), f"n/a ({g.comparison_note})", *["-"] * (len(headers) - 1)])
             continue
         test = c.test if not g.comparison_note else f"{c.test} ({g.comparison_note})"
         rows.append(
             [
-                *_label_cells(report, g),
+                *_label_cells(g),
                 f"{test}, n={c.n}" if c.test == "paired" else f"{test}, n={c.n} vs {c.n_baseline}",
                 f"{c.difference:+.4f} ({c.ci[0]:+.4f} to {c.ci[1]:+.4f})",
                 f"{c.p:.3g}",

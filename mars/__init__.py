@@ -6,6 +6,8 @@ Subpackages, one concern each:
     mars.data    tokenizer, dataset sources, token shards, batch loaders
     mars.train   configs, schedules, checkpoints, the DDP training loop
     mars.eval    zero-shot downstream evaluation through lm-evaluation-harness
+    mars.analysis  reports, statistics and figures over run dirs (no torch needed)
+    mars.metrics_jsonl  the metrics.jsonl format: written by mars.train, read by mars.analysis
 """
 
 __version__ = "0.1.0"

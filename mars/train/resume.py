@@ -1,6 +1,6 @@
 """What a resumed run may change, and applying the new config to restored optimizer state.
 
-The rule (README, "Reliability"):
+The rule (docs/reliability.md):
   * fixed on resume: what defines the run and its saved state: the model's shape, the optimizer and
     the layout of its state (name, approx, lean, optimize_1d, two_dim_rule), the data (source,
     directory, files, sampling), the global batch size and the seeds (train.seed, train.data_seed).

@@ -1,5 +1,5 @@
 """A run never silently trains something other than its config says, never loses a good checkpoint,
-and every bad input gets one clear line (README, "Reliability")."""
+and every bad input gets one clear line (docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,6 @@ README_MAX_LINES = 350
 # Remove an entry when its page has landed.
 PENDING_PAGES = {
     "docs/reliability.md",  # the reliability table, moved out of the README
-    "docs/gpu_check.md",  # the GPU check and its report
     "docs/hacking.md",  # the researcher's change paths
 }
 

@@ -288,9 +288,10 @@ class Trainer:
 
     def _clip(self) -> torch.Tensor:
         """Clip the global gradient norm (over every rank's shards under FSDP2); returns the norm."""
+        from mars.train.grad_norm import clip_grad_norm_  # the same number in every layout
+
         max_norm = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return clip_grad_norm_(self.params, max_norm)
 
     def _zero_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -76,7 +76,7 @@ def hand_mars_adamw(model, batches, steps: int, exact: bool):
         ps = {n: v.clone().requires_grad_(True) for n, v in params.items()}
         losses = [functional_call(model, ps, (bx, by))[1] for bx, by in batches[step]]
         g = torch.autograd.grad(sum(losses) / len(losses), list(ps.values()))
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in g]))
+        norm = sum(t.double().square().sum() for t in g).sqrt()  # exact (float64): as the trainer's
         coef = min(1.0, CLIP / (float(norm) + 1e-6))
         return {n: t * coef for n, t in zip(ps, g, strict=True)}
 

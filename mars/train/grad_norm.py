@@ -44,8 +44,9 @@ def _local_sqnorm(grads: list[Tensor], device: torch.device) -> Tensor:
 
 
 def grad_norm(params: Iterable[Tensor]) -> Tensor:
-    """The L2 norm of all of `params`' gradients together (0-dim, float32, on their device), over every
-    rank's shards when they are FSDP2 DTensors; parameters without a gradient count as zero."""
+    """The L2 norm of all of `params`' gradients together (0-dim, on their device; float64 when the
+    gradients are float64, else float32), over every rank's shards when they are FSDP2 DTensors;
+    parameters without a gradient count as zero."""
     params = [p for p in params if p.grad is not None]
     if not params:
         return torch.zeros(())
@@ -58,7 +59,8 @@ def grad_norm(params: Iterable[Tensor]) -> Tensor:
         sq = _local_sqnorm([p.grad for p, s in zip(params, sharded, strict=True) if s], device)
         sum_over_shards_(sq, sharding)
         sq = sq + _local_sqnorm([p.grad for p, s in zip(params, sharded, strict=True) if not s], device)
-    return sq.sqrt().float()
+    wide = all(local(p.grad).dtype == torch.float64 for p in params)
+    return sq.sqrt().to(torch.float64 if wide else torch.float32)
 
 
 def clip_grad_norm_(params: Iterable[Tensor], max_norm: float) -> Tensor:

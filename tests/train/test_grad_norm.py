@@ -86,3 +86,14 @@ def test_a_nonfinite_gradient_gives_a_nonfinite_norm():
         params = _params(g, torch.ones(4))
         assert not math.isfinite(float(grad_norm(params)))
         assert not math.isfinite(float(clip_grad_norm_(params, 1.0)))
+
+
+def test_float64_gradients_get_a_float64_norm_and_clip():
+    # a float64 run (the reference-loop comparison) must not clip with a float32-rounded norm
+    g = torch.randn(300, 70, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    p = torch.zeros_like(g, requires_grad=True)
+    p.grad = g.clone()
+    norm = clip_grad_norm_([p], max_norm=1.0)
+    assert norm.dtype == torch.float64
+    assert abs(norm.item() - g.norm().item()) <= 1e-12 * g.norm().item()
+    torch.testing.assert_close(p.grad, g * (1.0 / (g.norm() + 1e-6)), rtol=1e-14, atol=0)

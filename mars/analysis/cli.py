@@ -21,8 +21,9 @@ def _fail(e: Exception) -> int:
 
 def report_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
     from mars.analysis.report import build_report, header_lines, markdown_table, write_report
+    from mars.entry import ArgumentParser
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="report.py",
         description=description or "Compare the settings of one or more sweeps, seeds pooled, to a baseline.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -47,11 +48,16 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
     )
     p.add_argument("--out", type=Path, help="where report.md/.json and the plots go (default: the first dir)")
     args = p.parse_args(argv)
+    out = args.out or args.sweep_dirs[0]
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        return _fail(AnalysisError(f"--out {args.out} is a file: give a directory (created if missing)"))
     try:
         report = build_report(args.sweep_dirs, args.baseline, args.target, best=args.best)
-        written = write_report(report, args.out or args.sweep_dirs[0])
+        written = write_report(report, out)
     except AnalysisError as e:
         return _fail(e)
+    except OSError as e:
+        return _fail(AnalysisError(f"cannot write the report into {out} ({e}); choose another --out"))
     print("\n".join(header_lines(report)))
     print()
     print(markdown_table(report))

@@ -81,19 +81,34 @@ def test_resume_applies_the_new_hyperparameters_and_logs_what_the_optimizer_used
 # ----------------------------------------------------------------------------- corrupt checkpoints
 
 
+def flip_a_weight_bit(weights: Path) -> None:
+    """A bit flip in the lowest mantissa byte of a float32 in the middle of model.safetensors: the value
+    stays finite, so only the checksum can tell."""
+    data = bytearray(weights.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # after the JSON header
+    data[start + 4 * ((len(data) - start) // 8)] ^= 1
+    weights.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncated train_state.pt", "a bit flip in the weights"])
 def test_resume_auto_falls_back_past_a_corrupt_checkpoint_and_says_so(
-    monkeypatch, capsys, tmp_path, data_root
+    monkeypatch, capsys, tmp_path, data_root, damage
 ):
     run = tmp_path / "run"
     trainer(data_root, run, max_steps=4, ckpt_interval=2, keep_last=3).fit()
     bad = run / "ckpt" / "step_00000004"
-    state = bad / "train_state.pt"
-    state.write_bytes(state.read_bytes()[:200])  # truncated
+    if damage == "truncated train_state.pt":
+        state = bad / "train_state.pt"
+        state.write_bytes(state.read_bytes()[:200])
+        fragment = f"{state} has 200 bytes"
+    else:
+        flip_a_weight_bit(bad / "model.safetensors")
+        fragment = f"{bad / 'model.safetensors'}: its bytes do not match the xxh3_128 checksum"
 
     explicit = [*tiny_overrides(data_root, max_steps=5), f"train.resume={bad}", f"hydra.run.dir={run}"]
     code, _, err = run_cli(monkeypatch, capsys, explicit)
     assert code == 1
-    assert_one_line(err, f"{state} is not a valid training-state file")
+    assert_one_line(err, fragment)
 
     args = [*tiny_overrides(data_root, max_steps=5), "train.resume=auto", f"hydra.run.dir={run}"]
     code, out, err = run_cli(monkeypatch, capsys, args)

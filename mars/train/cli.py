@@ -115,6 +115,7 @@ class Plan:
 
     multirun: bool
     cfg: DictConfig  # the first job's config
+    cfgs: list[DictConfig] = field(default_factory=list)  # every job's (the first MAX_PRECHECKED_JOBS)
     out_dir: Path | None = None  # hydra.run.dir (or hydra.sweep.dir with -m), resolved; None: unknown
     extra: list[str] = field(default_factory=list)  # overrides main() adds for Hydra
 
@@ -133,7 +134,7 @@ def precheck(argv: list[str]) -> Plan | None:
         if is_composition_error(e):
             raise ConfigError(one_line(e)) from None
         raise
-    first = None
+    cfgs = []
     out_dir = None
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="train"):
         for i, combo in enumerate(combos[:MAX_PRECHECKED_JOBS]):
@@ -149,11 +150,10 @@ def precheck(argv: list[str]) -> Plan | None:
                 if not is_composition_error(e):
                     raise
                 raise ConfigError(f"{optimizer_key_error(e) or one_line(e)}{where}") from None
-            if i == 0:
-                first = cfg
-                if env_rank() == 0:
-                    out_dir = _output_dir(compose, args, combo)
-    return Plan(multirun=bool(args.multirun), cfg=first, out_dir=out_dir)
+            cfgs.append(cfg)
+            if i == 0 and env_rank() == 0:
+                out_dir = _output_dir(compose, args, combo)
+    return Plan(multirun=bool(args.multirun), cfg=cfgs[0], cfgs=cfgs, out_dir=out_dir)
 
 
 def _output_dir(compose, args, overrides: list[str]) -> Path | None:
@@ -296,7 +296,7 @@ def _claim(plan: Plan | None, stack: ExitStack) -> None:
     Hydra's overrides so that Hydra writes exactly where the lock is."""
     from mars.data.prepare import check_ready
     from mars.train import runlock
-    from mars.train.rundir import claim
+    from mars.train.rundir import claim, claim_sweep
 
     if plan is None or env_rank() != 0:
         return
@@ -306,7 +306,9 @@ def _claim(plan: Plan | None, stack: ExitStack) -> None:
         return
     key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
     stack.enter_context(runlock.hold(plan.out_dir, key))
-    if not plan.multirun:
+    if plan.multirun:
+        claim_sweep(plan.cfgs, plan.out_dir)
+    else:
         claim(plan.cfg, plan.out_dir)
     sys.argv.append(f"{key}={hydra_value(str(plan.out_dir))}")
 

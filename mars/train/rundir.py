@@ -6,7 +6,8 @@ Rules (checked on rank 0 before any data is read or a process group exists):
   * a new run (no train.resume) refuses a run dir that already holds a run (checkpoints or
     metrics.jsonl): resume it, or choose another hydra.run.dir; train.overwrite=true moves the old run
     (with its .hydra/ and train.log) aside into RUN_DIR/replaced-<time>/ instead (nothing is deleted,
-    nothing is mixed). Both happen before Hydra writes into the run dir (`claim`);
+    nothing is mixed). Both happen before Hydra writes into the run dir (`claim`; for the job dirs of
+    a -m sweep, `claim_sweep`);
   * train.resume=auto continues the newest usable, healthy checkpoint of the run dir: a newer one that
     fails verification (truncated, corrupt, a checksum mismatch, non-finite weights) or that meta.json
     marks unhealthy (saved just after a divergence alarm) is moved aside, and the log says which one it
@@ -105,6 +106,24 @@ def claim(cfg, run_dir: Path) -> None:
     dest = ckpt.move_aside(run_dir, [run_dir / a for a in (*ARTIFACTS, *HYDRA_FILES)])
     if dest is not None:
         _notes.append(f"train.overwrite=true: moved the earlier run to {dest}")
+
+
+def claim_sweep(cfgs: list, sweep_dir: Path) -> None:
+    """`claim` for a -m sweep, before Hydra writes its job dirs: job dirs of an earlier sweep that hold
+    runs are refused when a job would start fresh there, or moved aside when every job overwrites."""
+    runs = [d for d in sorted(sweep_dir.iterdir()) if d.is_dir() and holds_a_run(d)]
+    fresh = [c for c in cfgs if c.train.resume in NO_RESUME]
+    if not runs or not fresh:
+        return  # nothing there yet, or every job resumes its own run dir
+    if any(not c.train.overwrite for c in fresh):
+        names = ", ".join(f"{d.name}/" for d in runs[:5]) + (" ..." if len(runs) > 5 else "")
+        raise ConfigError(
+            f"hydra.sweep.dir={sweep_dir} already holds runs ({names}): continue the sweep with "
+            "train.resume=auto, or choose another hydra.sweep.dir (train.overwrite=true moves each old run "
+            "aside)"
+        )
+    for run_dir in runs:
+        claim(fresh[0], run_dir)
 
 
 def _fresh_start(run_dir: Path, overwrite: bool) -> None:

@@ -3,6 +3,8 @@ checkpoint written by 2 ranks continues on 1 and on 4 ranks. Marked slow."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_e2e import KILL_AFTER_CHECKPOINT, TRAIN, losses, run
 from train_helpers import PYTHON, tiny_overrides
@@ -44,6 +46,9 @@ def test_fsdp_sigkill_resume_and_resharding(data_root, tmp_path):
         "__0_0.distcp",
         "__1_0.distcp",
     ]
+    # each rank hashed its share of the shard files: checksums.json covers them all
+    sums = json.loads((step4 / "checksums.json").read_text())["files"]
+    assert {"sharded/.metadata", "sharded/__0_0.distcp", "sharded/__1_0.distcp"} <= set(sums)
 
     run(torchrun(2, TRAIN, *overrides, "train.resume=auto", f"hydra.run.dir={killed}"), tmp_path)
     got = losses(killed)

@@ -394,3 +394,19 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line(monkeypatch, capsys, tmp_pa
     )
     assert f"hydra.run.dir={run}" in err
     assert [p.name for p in ckpt.list_checkpoints(run / "ckpt")] == ["step_00000001", "step_00000002"]
+
+
+def test_a_sweep_into_a_sweep_dir_that_holds_runs_is_refused_before_hydra_writes(
+    monkeypatch, capsys, tmp_path, data_root
+):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *tiny_overrides(data_root, max_steps=1), "train.seed=1", f"hydra.sweep.dir={sweep}"]
+    assert run_cli(monkeypatch, capsys, args)[0] == 0
+    recorded = (sweep / "0" / ".hydra" / "config.yaml").read_text()
+    code, _, err = run_cli(monkeypatch, capsys, [*args, "optimizer.lr=1e-4"])
+    assert code == 1
+    assert_one_line(err, f"hydra.sweep.dir={sweep} already holds runs (0/)", "train.resume=auto")
+    assert (sweep / "0" / ".hydra" / "config.yaml").read_text() == recorded  # the old record is intact
+    code, out, err = run_cli(monkeypatch, capsys, [*args, "train.resume=auto"])  # continuing it is fine
+    assert code == 0, err
+    assert "nothing to train" in out

@@ -93,8 +93,9 @@ def optimizer_key_error(e: BaseException) -> str | None:
     return f"optimizer.{m['key']}{source}: optimizer={name} has no key '{m['key']}'; its keys: {keys}"
 
 
-def check_launch(cfg, multirun: bool) -> None:
-    """launch.gpus_per_job places the jobs of a sweep: refused where it would be ignored or cannot work."""
+def check_launch(cfg, multirun: bool, local: bool = True) -> None:
+    """launch.gpus_per_job places the jobs of a sweep: refused where it would be ignored or cannot work
+    (`local`: the jobs run on this machine, i.e. not through a cluster launcher such as submitit)."""
     per_job = int(cfg.launch.gpus_per_job)
     if per_job < 1 or launched_distributed():
         return
@@ -104,9 +105,10 @@ def check_launch(cfg, multirun: bool) -> None:
             f"ignored by a single run: drop it, or run on {per_job} GPU(s) with torchrun "
             f"--nproc_per_node={per_job} train.py ..."
         )
-    from mars.train.launch import gpu_slots, visible_gpus
+    if local:
+        from mars.train.launch import gpu_slots, visible_gpus
 
-    gpu_slots(visible_gpus(), per_job)  # ConfigError when this machine has too few GPUs
+        gpu_slots(visible_gpus(), per_job)  # ConfigError when this machine has too few GPUs
 
 
 @dataclass
@@ -117,7 +119,6 @@ class Plan:
     cfg: DictConfig  # the first job's config
     cfgs: list[DictConfig] = field(default_factory=list)  # every job's (the first MAX_PRECHECKED_JOBS)
     out_dir: Path | None = None  # hydra.run.dir (or hydra.sweep.dir with -m), resolved; None: unknown
-    extra: list[str] = field(default_factory=list)  # overrides main() adds for Hydra
 
 
 def precheck(argv: list[str]) -> Plan | None:
@@ -143,7 +144,7 @@ def precheck(argv: list[str]) -> Plan | None:
                 cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=combo)
                 resolve_all(cfg)
                 validate(cfg, env_world_size())
-                check_launch(cfg, args.multirun)
+                check_launch(cfg, args.multirun, local=not any("submitit" in o for o in args.overrides))
             except ConfigError as e:
                 raise ConfigError(f"{e}{where}") from None
             except Exception as e:

@@ -9,15 +9,15 @@ transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR) and AutoTokenizer.fro
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from mars.checkpoint import CheckpointError
+from mars.entry import ArgumentParser
 from mars.model.hf import export_hf
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="export_hf.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", metavar="RUN_DIR_OR_CKPT", help="run dir, RUN_DIR/ckpt, or a step dir")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write the Hugging Face model to")
     parser.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")

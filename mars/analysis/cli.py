@@ -37,8 +37,9 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
         markdown_table,
         write_report,
     )
+    from mars.entry import ArgumentParser
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="report.py",
         description=description or "Compare the settings of one or more sweeps, seeds pooled, to a baseline.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -77,6 +78,9 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
     )
     p.add_argument("--out", type=Path, help="where report.md/.json and the plots go (default: the first dir)")
     args = p.parse_args(argv)
+    out = args.out or args.sweep_dirs[0]
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        return _fail(AnalysisError(f"--out {args.out} is a file: give a directory (created if missing)"))
     try:
         report = build_report(
             args.sweep_dirs,
@@ -87,9 +91,11 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
             direction=args.direction,
             paired=not args.unpaired,
         )
-        written = write_report(report, args.out or args.sweep_dirs[0])
+        written = write_report(report, out)
     except AnalysisError as e:
         return _fail(e)
+    except OSError as e:
+        return _fail(AnalysisError(f"cannot write the report into {out} ({e}); choose another --out"))
     print("\n".join(header_lines(report)))
     print()
     print(markdown_table(report))
@@ -114,8 +120,9 @@ def summarize_main(argv: Sequence[str] | None = None, description: str | None = 
         write_csv,
         write_heatmap,
     )
+    from mars.entry import ArgumentParser
 
-    p = argparse.ArgumentParser(prog="summarize_sweep.py", description=description)
+    p = ArgumentParser(prog="summarize_sweep.py", description=description)
     p.add_argument("multirun_dir", type=Path, help="a Hydra sweep dir (multirun/DATE/TIME)")
     p.add_argument("--csv", type=Path, help="CSV path (default MULTIRUN_DIR/summary.csv)")
     p.add_argument(
@@ -158,8 +165,9 @@ def plot_curves_main(argv: Sequence[str] | None = None, description: str | None 
     from mars.analysis.plots import DEFAULT_PANELS, plot_curves
     from mars.analysis.runs import METRICS, Run, find_run_dirs, read_run
     from mars.analysis.wandb_csv import read_wandb_csv
+    from mars.entry import ArgumentParser
 
-    p = argparse.ArgumentParser(prog="plot_curves.py", description=description)
+    p = ArgumentParser(prog="plot_curves.py", description=description)
     p.add_argument("inputs", nargs="+", type=Path, help="run dirs, sweep dirs and/or W&B CSV exports")
     p.add_argument(
         "--out", type=Path, default=Path("curves.png"), help="PNG path (a PDF is written next to it)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -82,3 +83,24 @@ def disk_full_as_error(what: Path, cleanup=None):
                 "the previous checkpoint is intact; free disk space, then continue with train.resume=auto"
             ) from e
         raise
+
+
+# what torch.load says when a file fails weights_only=True: advice to retry unsafely, which must never be
+# passed on about a file that just failed the safe check
+_UNSAFE_ADVICE = ("weights_only", "Re-running", "trusted source", "arbitrary code", "In PyTorch 2.6")
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def load_error_reason(e: BaseException) -> str:
+    """What went wrong reading a file, in a few words, without any advice to load it unsafely."""
+    text = str(e).strip()
+    found = _GLOBAL.search(text)
+    if found:
+        return f"it holds a Python object this harness never writes ({found.group(1)}), refused unread"
+    sentences = [
+        part.strip()
+        for part in re.split(r"(?<=[.!?])\s+|\n+", text)
+        if part.strip() and not any(word in part for word in _UNSAFE_ADVICE)
+    ]
+    reason = " ".join(sentences[:2]) or type(e).__name__
+    return reason[:200]

@@ -2,7 +2,10 @@
 
     RUN_DIR/ckpt/step_00001000/
         meta.json            written last: its presence marks the directory complete
-                             {"step", "tokens", "format": "full" | "sharded", "healthy", "world_size", ...}
+                             {"step", "tokens", "format": "full" | "sharded", "healthy", "world_size",
+                              "checksums": "xxh3_128", ...}
+        checksums.json       size and checksum of every other file (sharded/ included), written before
+                             meta.json; every reader verifies the files it uses (mars.checkpoint.checksums)
         config.yaml          the run's resolved config
         model.json           the GPTConfig
         model.safetensors    format "full": the whole model (tied wte/lm_head stored once)
@@ -30,6 +33,7 @@ CKPT_DIR = "ckpt"
 STEP_RE = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
 META = "meta.json"
+CHECKSUMS = "checksums.json"
 RUN_CONFIG = "config.yaml"
 TRAIN_STATE = "train_state.pt"
 MODEL_WEIGHTS = "model.safetensors"

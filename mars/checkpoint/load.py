@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import yaml
 
+from mars.checkpoint import checksums
 from mars.checkpoint import sharded as sharded_io
 from mars.checkpoint.layout import (
     META,
@@ -64,14 +65,16 @@ def check_model_shape(step_dir: str | os.PathLike, model_cfg: Any) -> None:
 def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
     """Read everything a resume relies on and return meta.json; CheckpointError naming the bad file.
 
-    Checks: meta.json, model.json and config.yaml parse; the weights are readable and finite (format
-    full) or every shard file the index lists is present and long enough (format sharded);
-    train_state.pt loads with weights_only=True.
+    Checks: every file matches its size and checksum in checksums.json (a checkpoint written before
+    checksums existed: noted, not refused); meta.json, model.json and config.yaml parse; the weights
+    are readable and finite (format full) or every shard file the index lists is present and long
+    enough (format sharded); train_state.pt loads with weights_only=True.
     """
     from mars.model.io import read_model_config, read_weights
 
     step_dir = Path(step_dir)
     meta = read_meta(step_dir)
+    checksums.verify(step_dir, meta)
     read_model_config(step_dir / MODEL_CONFIG)
     read_run_config(step_dir)
     if meta.get("format", "full") == "sharded":
@@ -117,9 +120,15 @@ def _finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t.full_tensor() if hasattr(t, "full_tensor") else t).all())
 
 
+def _model_file(rel: str) -> bool:
+    """The files load_model reads: the model's config and weights (a sharded checkpoint's shard files)."""
+    return rel in (MODEL_CONFIG, MODEL_WEIGHTS) or rel.startswith(f"{SHARDED_DIR}/")
+
+
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     """Load the GPT a run dir / ckpt dir / step dir / model dir names (see find_checkpoint), in eval
-    mode on `device`, from either format (a sharded checkpoint is gathered into this one process).
+    mode on `device`, from either format (a sharded checkpoint is gathered into this one process). The
+    files it reads are verified against the checkpoint's checksums first.
 
     Returns (model, info): info holds meta.json (when present), "config": the run's config.yaml as a
     dict (when present), and "path": the checkpoint directory that was loaded.
@@ -128,6 +137,8 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     from mars.model.io import read_model_config
 
     ckpt = find_checkpoint(path)
+    if (ckpt / META).is_file():  # a checkpoint (a bare model dir of save_model has no checksums)
+        checksums.verify(ckpt, read_meta(ckpt), only=_model_file)
     config = read_model_config(ckpt / MODEL_CONFIG)
     model = GPT.empty(config, device)
     load_model_state(model, ckpt)

@@ -2,7 +2,8 @@
 
 Protocol of one save (STEP_DIR = RUN_DIR/ckpt/step_XXXXXXXX):
   1. write everything into ckpt/.tmp-step_XXXXXXXX (format "sharded": every rank writes its DCP shards);
-  2. fsync every file, then write meta.json (fsync'ed): from now on the directory is complete;
+  2. hash every file into checksums.json (format "sharded": every rank hashes a share of the shard
+     files), fsync every file, then write meta.json (fsync'ed): from now on the directory is complete;
   3. rename it to its final name and fsync ckpt/, so the rename survives a crash;
   4. rotate: keep the newest `keep_last` complete checkpoints and the newest healthy one.
 A kill at any point leaves the previous checkpoint as the latest complete one. A full disk removes the
@@ -19,9 +20,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from mars.checkpoint import checksums
 from mars.checkpoint import sharded as sharded_io
 from mars.checkpoint.files import disk_full_as_error, fsync_dir, fsync_tree, write_text_synced
 from mars.checkpoint.layout import (
+    CHECKSUMS,
     CKPT_DIR,
     META,
     RUN_CONFIG,
@@ -119,13 +122,17 @@ def save_checkpoint(
             error = e
     _all_ranks_ok(error, collective)
 
+    sums: dict[str, dict] = {}
     if collective:
+        share = None
         try:
             with disk_full_as_error(tmp / SHARDED_DIR, cleanup=remove_tmp):
                 sharded_io.save_tensors(sharded, tmp / SHARDED_DIR)
+            share = _hash_my_share(tmp)
         except Exception as e:  # noqa: BLE001
             error = e
         _all_ranks_ok(error, collective)
+        sums = _gather(share)
 
     if main:
         try:
@@ -136,9 +143,13 @@ def save_checkpoint(
                     save_model(model, tmp)
                 torch.save(train_state, tmp / TRAIN_STATE)
                 (tmp / RUN_CONFIG).write_text(config_yaml, encoding="utf-8")
+                rest = [rel for rel in checksums.summed_files(tmp) if rel not in sums]
+                sums.update(checksums.digests(tmp, rest))
+                (tmp / CHECKSUMS).write_text(checksums.checksums_text(sums), encoding="utf-8")
                 fsync_tree(tmp)
                 full_meta = {**meta, "step": step, "format": "sharded" if collective else "full"}
                 full_meta["healthy"] = bool(healthy)
+                full_meta["checksums"] = checksums.ALGORITHM
                 write_text_synced(tmp / META, json.dumps(full_meta, indent=2) + "\n")  # marks it complete
                 fsync_dir(tmp)
                 _install(tmp, final, root)
@@ -149,6 +160,21 @@ def save_checkpoint(
         rotate(root, keep_last)
         return final
     return None
+
+
+def _hash_my_share(tmp: Path) -> dict[str, dict]:
+    """Checksums of this rank's share of the shard files (every rank hashes at once, none reads them all)."""
+    world = dist.get_world_size() if _distributed() else 1
+    shard_files = [rel for rel in checksums.summed_files(tmp) if rel.startswith(f"{SHARDED_DIR}/")]
+    return checksums.digests(tmp, shard_files[_rank() :: world])
+
+
+def _gather(share: dict[str, dict] | None) -> dict[str, dict]:
+    if not _distributed():
+        return dict(share or {})
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, share)
+    return {rel: entry for part in parts for rel, entry in (part or {}).items()}
 
 
 def _install(tmp: Path, final: Path, root: Path) -> None:

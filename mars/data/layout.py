@@ -25,6 +25,7 @@ from typing import Any
 
 from mars.data.config import DataConfig
 from mars.data.errors import ManifestError, SourceError
+from mars.entry import hydra_value as _hydra_value
 
 FORMAT_VERSION = 1
 DTYPE = "uint16"
@@ -145,28 +146,6 @@ def config_differences(recorded: dict[str, Any], wanted: dict[str, Any], keys) -
         for k in keys
         if recorded.get(k) != wanted.get(k)
     ]
-
-
-def _hydra_value(value: Any, in_list: bool = False) -> str:
-    """``value`` in Hydra's override syntax: left bare when Hydra reads it back unchanged, else quoted."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_hydra_value(v, in_list=True) for v in value) + "]"
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    text = str(value)
-    try:
-        parsed = OverridesParser.create().parse_override(f"k=[{text}]" if in_list else f"k={text}").value()
-    except Exception:
-        parsed = None
-    if parsed == ([text] if in_list else text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _group_file(name: str) -> Path | None:

@@ -7,12 +7,14 @@ writer in mars.data.writer, the document sources in mars.data.sources.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import warnings
 from dataclasses import replace
 from pathlib import Path
 
 from mars.data.config import DataConfig
-from mars.data.errors import DataNotPreparedError, ManifestError, SourceChangedError
+from mars.data.errors import DataError, DataNotPreparedError, ManifestError, SourceChangedError
 from mars.data.layout import (
     IDENTITY_KEYS,
     MANIFEST,
@@ -29,7 +31,7 @@ from mars.data.layout import (
 )
 from mars.data.writer import repair_shards, summary, write_shards
 
-__all__ = ["dataset_dir", "ensure_prepared", "prepare", "prepare_command"]
+__all__ = ["check_ready", "dataset_dir", "ensure_prepared", "prepare", "prepare_command"]
 
 log = logging.getLogger(__name__)
 
@@ -43,20 +45,54 @@ def _manifest_matches(path: Path, cfg: DataConfig) -> bool:
     return not config_differences(recorded, requested_config(cfg), IDENTITY_KEYS + SIZE_KEYS)
 
 
+# everything a config chooses about a prepared dataset (the Python install the embedded corpus is
+# derived from is not chosen: when it changed, the corpus is rebuilt)
+_CHOSEN = tuple(k for k in (*IDENTITY_KEYS, *SIZE_KEYS) if k != "python")
+_SHORT = {"val_tokens": "val", "shard_tokens": "shard", "token_budget": "budget"}
+
+
+def _shared_corpus_error(out: Path, recorded: dict, wanted: dict) -> ManifestError | None:
+    """A refusal when ``out`` holds the embedded corpus prepared with other settings that a config
+    chooses (seed, split sizes): other runs use that directory, so a run does not rewrite it."""
+    keys = [k for k in _CHOSEN if recorded.get(k) != wanted.get(k)]
+    if not keys:
+        return None
+    prepared = ", ".join(f"data.{k}={recorded.get(k)}" for k in keys)
+    asked = ", ".join(f"data.{k}={wanted.get(k)}" for k in keys)
+    own = "embedded_" + "_".join(f"{_SHORT.get(k, k)}{wanted.get(k)}" for k in keys)
+    return ManifestError(
+        f"{out} holds a preparation with {prepared}, not {asked}; other runs use it, so it is "
+        f"not rewritten: pass {prepared}, or give this split a directory of its own with data.dir={own} "
+        "(prepared on first use)"
+    )
+
+
+def _os_error(e: OSError, out: Path) -> DataError:
+    where = f"the dataset directory {out} (data.root, data.dir)"
+    return DataError(f"{e}; fix that path (free space, permissions) or choose another data.root ({where})")
+
+
 def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
     """Prepare ``cfg``'s dataset, resuming an interrupted run or repairing a finished one; return its dir.
 
     A directory that already holds this dataset has every shard checked (sizes; sha256 unless
     ``.verified.json`` vouches for the file) and any missing or damaged one rebuilt from the source,
-    one line printed per repaired shard. One that holds a different dataset raises ManifestError,
-    except for the embedded corpus, which is rebuilt (it is derived from the Python install and takes
-    seconds) -- as it is when it cannot be repaired in place.
+    one line printed per repaired shard. One that holds a different dataset raises ManifestError; the
+    embedded corpus is rebuilt only when the Python install it is derived from changed (or it cannot be
+    repaired in place), never for another seed or split, which is refused naming data.dir for a
+    directory of its own. A directory that cannot be written raises DataError naming data.root.
     """
+    cfg = as_data_config(cfg)
+    out = dataset_dir(cfg)
+    try:
+        return _prepare(cfg, out, progress_bar)
+    except OSError as e:
+        raise _os_error(e, out) from e
+
+
+def _prepare(cfg: DataConfig, out: Path, progress_bar: bool) -> Path:
     from mars.data.sources import get_source
 
-    cfg = as_data_config(cfg)
-
-    out = dataset_dir(cfg)
     wanted = requested_config(cfg)
     hint = (
         f"restore the source files as they were, or delete {out} and run `{prepare_command(cfg)}` "
@@ -73,6 +109,10 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
                     f"{manifest}: {out} already holds a different preparation ({'; '.join(diffs)}). "
                     f"Delete {out} or choose another data.dir."
                 )
+            if diffs:
+                refusal = _shared_corpus_error(out, recorded, wanted)
+                if refusal is not None:
+                    raise refusal
             if not diffs:
                 # a rebuilt shard must skip the documents its preparation skipped, whatever cfg says
                 skip = cfg.skip_bad_documents or bool(recorded.get("skip_bad_documents"))
@@ -102,7 +142,7 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
                     read_json(progress).get("config", {}), wanted, IDENTITY_KEYS + SIZE_KEYS
                 )
             )
-            if stale:
+            if stale:  # another Python install's corpus, or an interrupted preparation of other settings
                 log.info("rebuilding the embedded corpus in %s for %s", out, wanted)
                 clear(out)
         source = get_source(cfg)
@@ -120,6 +160,38 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
                 get_source(cfg), out, wanted, **sizes, workers=cfg.num_workers, progress_bar=progress_bar
             )
     return out
+
+
+def check_ready(cfg: DataConfig) -> None:
+    """Raise what ``ensure_prepared(cfg)`` would raise before it writes anything, without writing: the
+    trainer calls it before Hydra creates the run dir. The embedded corpus, when it still has to be
+    prepared, needs a directory that can be written."""
+    cfg = as_data_config(cfg)
+    if cfg.name != "embedded":
+        ensure_prepared(cfg)  # reads only
+        return
+    out = dataset_dir(cfg)
+    if _manifest_matches(out, cfg):
+        return
+    if (out / MANIFEST).is_file():
+        refusal = _shared_corpus_error(
+            out, read_json(out / MANIFEST).get("config", {}), requested_config(cfg)
+        )
+        if refusal is not None:
+            raise refusal
+    base = out
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    try:
+        if not base.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(base))
+        os.rmdir(tempfile.mkdtemp(prefix=".mars-write-test-", dir=base))
+    except OSError as e:
+        raise DataError(
+            f"data.root={cfg.root}: the embedded corpus is prepared on first use into {out}, but "
+            f"{base} cannot be written ({e.strerror or e}); choose a writable data.root, or prepare it "
+            "once where it can be written and point data.root there"
+        ) from None
 
 
 def ensure_prepared(cfg: DataConfig) -> Path:

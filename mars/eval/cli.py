@@ -128,11 +128,20 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except user_errors() as e:
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)
-        sys.exit(2)
+        from mars.entry import EXIT_USAGE, fail
+
+        fail(str(e), EXIT_USAGE)
 
 
 def main() -> None:
+    """`python -m eval`: the command line is composed and checked first (mars.entry), so that an unknown
+    key or a bad value is one line and exit status 2, as for every command of the harness."""
+    from mars.entry import EXIT_USAGE, UsageError, check_hydra_command, fail
+
+    try:
+        check_hydra_command(CONFIG_DIR, "eval", sys.argv[1:], check=_check)
+    except (UsageError, EvalError) as e:
+        fail(str(e), EXIT_USAGE)
     _hydra_main()
 
 

@@ -203,8 +203,15 @@ def validate(cfg: Any, world_size: int = 1) -> None:
             "min_lr is an absolute learning rate"
         )
     decay = _get(cfg, "schedule.decay_steps")
-    if decay is not None and decay <= _get(cfg, "schedule.warmup_steps"):
-        raise ConfigError(f"schedule.decay_steps={decay} must be larger than schedule.warmup_steps")
+    warmup, max_steps = int(_get(cfg, "schedule.warmup_steps")), int(_get(cfg, "train.max_steps"))
+    if decay is not None and decay <= warmup:
+        raise ConfigError(f"schedule.decay_steps={decay} must be larger than schedule.warmup_steps={warmup}")
+    if warmup > max_steps:
+        raise ConfigError(
+            f"schedule.warmup_steps={warmup} is longer than the run (train.max_steps={max_steps}): the "
+            f"learning rate would never reach optimizer.lr; lower schedule.warmup_steps to at most "
+            f"{max_steps} (e.g. {max(0, max_steps // 10)}), or raise train.max_steps"
+        )
     frac = float(_get(cfg, "schedule.decay_fraction"))
     if not 0.0 <= frac <= 1.0:
         raise ConfigError(f"schedule.decay_fraction={frac} must lie in [0, 1]")
@@ -212,6 +219,7 @@ def validate(cfg: Any, world_size: int = 1) -> None:
     if n_head < 1 or n_embd % n_head != 0:
         raise ConfigError(f"model.n_embd={n_embd} must be a multiple of model.n_head={n_head}")
     _check_model(cfg)
+    _check_data(cfg)
     _check_optimizer(cfg)
     _check_device(str(_get(cfg, "train.device")))
     _check_parallel(cfg, world_size)
@@ -227,6 +235,25 @@ def _check_model(cfg: Any) -> None:
     dropout = float(_get(cfg, "model.dropout"))
     if not 0.0 <= dropout < 1.0:
         raise ConfigError(f"model.dropout={dropout} must lie in [0, 1)")
+
+
+def _check_data(cfg: Any) -> None:
+    from mars.data.config import check_values
+    from mars.data.errors import DataConfigError
+
+    node = _get(cfg, "data")
+    try:
+        check_values(node)
+    except DataConfigError as e:
+        raise ConfigError(str(e)) from None
+    val, eval_steps = int(_get(cfg, "data.val_tokens")), int(_get(cfg, "train.eval_steps"))
+    window = int(_get(cfg, "model.block_size")) + 1
+    if eval_steps > 0 and val < window:
+        raise ConfigError(
+            f"data.val_tokens={val} holds no validation window of model.block_size + 1 = {window} tokens, "
+            f"but train.eval_steps={eval_steps} asks for validation; raise data.val_tokens (the data "
+            "configs use 20000 and more), or set train.eval_steps=0 to train without validation"
+        )
 
 
 def _check_device(device: str) -> None:

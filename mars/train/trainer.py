@@ -34,6 +34,7 @@ from mars.train.distributed import DistInfo, all_reduce_sum, barrier
 from mars.train.health import HealthMonitor
 from mars.train.metrics import Metrics, MetricsFile, Progress
 from mars.train.resume import load_optimizer_state
+from mars.train.rundir import resume_command
 from mars.train.schedule import GammaSchedule, LRSchedule
 
 log = logging.getLogger(__name__)
@@ -481,8 +482,8 @@ class Trainer:
                         else "a signal to another rank"
                     )
                     msg = (
-                        f"stopped by {who} at step {s.step}, checkpoint saved; continue with "
-                        f"train.resume=auto hydra.run.dir={self.run_dir}"
+                        f"stopped by {who} at step {s.step}, checkpoint saved; continue with: "
+                        f"{resume_command(self.run_dir, self.dist.world_size)}"
                     )
                     self.progress.write(msg)
                     break
@@ -512,15 +513,20 @@ class Trainer:
         ]
         lr = float(self.cfg.optimizer.lr)
         if good:
+            command = resume_command(
+                self.run_dir, self.dist.world_size, resume=str(good[-1]), optimizer__lr=lr / 2
+            )
             where = (
                 f"the newest healthy checkpoint from before it is {good[-1]}: continue from it with a lower "
-                f"learning rate, e.g. train.resume={good[-1]} optimizer.lr={lr / 2:g} (a resumed run uses "
-                "the new lr)"
+                f"learning rate (a resumed run uses the new lr), e.g. {command}"
             )
         else:
+            command = resume_command(
+                self.run_dir, self.dist.world_size, resume=None, optimizer__lr=lr / 2, train__overwrite=True
+            )
             where = (
-                "no checkpoint precedes it: start again with a lower learning rate, e.g. "
-                f"optimizer.lr={lr / 2:g}"
+                "no checkpoint precedes it: start again with a lower learning rate (train.overwrite=true "
+                f"moves this run aside), e.g. {command}"
             )
         return (
             f"stopping at step {s.step}: {s.nonfinite_streak} steps in a row had a non-finite loss or "

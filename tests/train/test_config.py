@@ -95,6 +95,7 @@ def test_every_experiment_composes_and_validates():
             ["-m", "optimizer.lr=1e-3,2e-3", "train.batch_size=4,0"],
             "(sweep job optimizer.lr=0.001 train.batch_size=0)",
         ),
+        (["schedule.decay_steps=10", "schedule.warmup_steps=10"], "schedule.decay_steps=10 must be larger"),
     ],
 )
 def test_precheck_turns_bad_input_into_one_line(overrides, message):
@@ -106,8 +107,19 @@ def test_precheck_turns_bad_input_into_one_line(overrides, message):
 
 
 def test_precheck_passes_good_sweeps_and_hydra_flags():
-    precheck(["-m", "optimizer.gamma=0,0.025", "optimizer.lr=3e-3,6e-3"])
-    precheck(["--cfg", "job", "whatever.this=is"])  # Hydra's own modes are left to Hydra
+    plan = precheck(["-m", "optimizer.gamma=0,0.025", "optimizer.lr=3e-3,6e-3"])
+    assert plan.multirun and plan.out_dir.is_absolute() and plan.out_dir.parts[-3] == "multirun"
+    assert precheck(["--cfg", "job", "whatever.this=is"]) is None  # Hydra's own modes are left to Hydra
+
+
+def test_gpus_per_job_needs_a_sweep_and_enough_gpus():
+    import torch
+
+    with pytest.raises(ConfigError, match="ignored by a single run"):
+        precheck(["launch.gpus_per_job=2"])
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(ConfigError, match=r"launch.gpus_per_job=2 but this machine shows \d GPU"):
+            precheck(["-m", "launch.gpus_per_job=2", "train.seed=1,2"])
 
 
 def test_validate_checks_divisibility_against_the_world_size():

@@ -4,6 +4,8 @@ continues alike on 1 and 4 ranks, under HSDP (2 replicas x 2 shards) and in one 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from test_e2e import (
@@ -59,6 +61,9 @@ def test_fsdp_sigkill_resume_and_resharding(data_root, tmp_path):
         "__0_0.distcp",
         "__1_0.distcp",
     ]
+    # each rank hashed its share of the shard files: checksums.json covers them all
+    sums = json.loads((step4 / "checksums.json").read_text())["files"]
+    assert {"sharded/.metadata", "sharded/__0_0.distcp", "sharded/__1_0.distcp"} <= set(sums)
 
     run(torchrun(2, TRAIN, *overrides, "train.resume=auto", f"hydra.run.dir={killed}"), tmp_path)
     got = losses(killed)

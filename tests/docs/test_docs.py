@@ -25,8 +25,9 @@ PENDING_PAGES = {
 }
 
 # An example that needs what a test cannot provide (a trained run dir, an export, a GPU) says so with
-# one of these placeholders; it is only compiled. Every other ```python block is run as written.
-PLACEHOLDERS = ("RUN_DIR", "OUT_DIR")
+# one of these placeholders (a CUDA test is marked as one); it is only compiled. Every other ```python
+# block is run as written.
+PLACEHOLDERS = ("RUN_DIR", "OUT_DIR", "@pytest.mark.cuda")
 
 FENCE = re.compile(r"^```.*?^```", flags=re.S | re.M)
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.S | re.M)

@@ -3,6 +3,7 @@
 Parameter names follow nanoGPT (and therefore Hugging Face's GPT2LMHeadModel):
 ``transformer.wte``, ``transformer.wpe``, ``transformer.h.{i}.{ln_1,attn.c_attn,attn.c_proj,ln_2,
 mlp.c_fc,mlp.c_proj}``, ``transformer.ln_f`` and ``lm_head`` (the same tensor as ``wte``).
+The MLP's GELU is GPT-2's tanh approximation unless ``config.activation`` says "gelu" (exact).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mars.model.config import GPTConfig
+from mars.model.config import ACTIVATIONS, GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
@@ -48,8 +49,11 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        if config.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={config.activation!r} is not one of {', '.join(ACTIVATIONS)}")
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()  # exact (erf) GELU; exported to Hugging Face as activation "gelu"
+        # gelu_tanh: GPT-2's tanh approximation (Hugging Face "gelu_new"); gelu: the exact erf form
+        self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -148,7 +152,7 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx, targets: int64 (B, T) token ids, T <= block_size; targets of -1 are ignored.
         Returns the logits (B, T, vocab_size) for every position, and the mean token
-        cross-entropy computed in fp32 (None without targets)."""
+        cross-entropy computed in fp32, or fp64 for a float64 model (None without targets)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
@@ -160,7 +164,9 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+                logits.to(torch.promote_types(logits.dtype, torch.float32)).view(-1, logits.size(-1)),
+                targets.reshape(-1),
+                ignore_index=-1,
             )
         return logits, loss
 

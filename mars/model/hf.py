@@ -9,8 +9,11 @@ Mapping (our parameter names already match Hugging Face's):
   (rows 50257..50303 are padding no token id maps to), so its logits over the real tokens equal
   ours exactly; importing pads back to ``mars_vocab_size`` (stored in config.json; 50304) with
   zero rows;
-- activation "gelu" (exact erf GELU, as nn.GELU), LayerNorm eps 1e-5,
-  scale_attn_by_inverse_layer_idx as configured, n_positions = block_size.
+- activation: our default tanh GELU (GPT-2's, config.activation "gelu_tanh") is exported as
+  "gelu_new", the name GPT-2's own config uses; importing maps every Hugging Face spelling of the tanh
+  form (gelu_new, gelu_pytorch_tanh, gelu_fast) to it, and the exact erf form ("gelu",
+  "gelu_python") to config.activation "gelu", so an imported model computes what it computed there;
+- LayerNorm eps 1e-5, scale_attn_by_inverse_layer_idx as configured, n_positions = block_size.
 
 transformers applies scale_attn_by_inverse_layer_idx in its SDPA path only in recent releases
 (huggingface/transformers#44380 / #44397); older ones silently drop it there and need
@@ -35,7 +38,11 @@ from mars.model.io import unwrap_model
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 WTE, WPE, LM_HEAD = "transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"
 LAYER_NORM_EPS = 1e-5
-TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+# Hugging Face activation_function values of each of our activations (the first is what we export)
+HF_ACTIVATIONS = {
+    "gelu_tanh": ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"),
+    "gelu": ("gelu", "gelu_python"),
+}
 
 
 def hf_config(config: GPTConfig, attn_implementation: str = "sdpa"):
@@ -51,7 +58,7 @@ def hf_config(config: GPTConfig, attn_implementation: str = "sdpa"):
         n_layer=config.n_layer,
         n_head=config.n_head,
         n_inner=4 * config.n_embd,
-        activation_function="gelu",
+        activation_function=HF_ACTIVATIONS[config.activation][0],
         resid_pdrop=config.dropout,
         embd_pdrop=config.dropout,
         attn_pdrop=config.dropout,
@@ -117,16 +124,12 @@ def from_hf(hf_model) -> GPT:
         problems.append(f"layer_norm_epsilon={hc.layer_norm_epsilon} (we use {LAYER_NORM_EPS})")
     if getattr(hc, "add_cross_attention", False):
         problems.append("add_cross_attention=True")
-    if hc.activation_function not in ("gelu",) + TANH_GELUS:
-        problems.append(f"activation_function={hc.activation_function!r} (we use exact 'gelu')")
+    activation = next((ours for ours, hf in HF_ACTIVATIONS.items() if hc.activation_function in hf), None)
+    if activation is None:
+        known = ", ".join(name for names in HF_ACTIVATIONS.values() for name in names)
+        problems.append(f"activation_function={hc.activation_function!r} (we take {known})")
     if problems:
         raise ValueError("cannot import this GPT-2 into mars GPT: " + "; ".join(problems))
-    if hc.activation_function in TANH_GELUS:
-        warnings.warn(
-            f"activation_function={hc.activation_function!r} is the tanh GELU approximation; mars GPT "
-            "uses the exact GELU, so logits will differ slightly from the Hugging Face model's",
-            stacklevel=2,
-        )
 
     theirs = hf_model.state_dict()
     bias = bool(getattr(hc, "mars_bias", False)) or any(
@@ -144,6 +147,7 @@ def from_hf(hf_model) -> GPT:
         bias=bias,
         dropout=hc.resid_pdrop,
         scale_attn_by_inverse_layer_idx=bool(hc.scale_attn_by_inverse_layer_idx),
+        activation=activation,
     )
     ref_param = theirs[WTE]
     model = GPT.empty(config, ref_param.device, dtype=ref_param.dtype)

@@ -19,17 +19,20 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mars.checkpoint.layout import MODEL_CONFIG, MODEL_WEIGHTS, CheckpointError, read_json_object
-from mars.model.config import GPTConfig
+from mars.model.config import ACTIVATIONS, GPTConfig
 from mars.model.gpt import GPT
 
 TIED_KEY, EMBEDDING_KEY = "lm_head.weight", "transformer.wte.weight"
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DistributedDataParallel
 
-# model.json must name these; GPTConfig fields added later fall back to their defaults.
+# model.json must name these; GPTConfig fields added later fall back to the value they stand for in
+# files written before them (LEGACY_CONFIG_VALUES), else to their defaults.
 REQUIRED_CONFIG_KEYS = (
     "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", "dropout",
     "scale_attn_by_inverse_layer_idx",
 )  # fmt: skip
+# a model.json without "activation" predates the field, when GPT's MLP used the exact (erf) GELU
+LEGACY_CONFIG_VALUES = {"activation": "gelu"}
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -98,7 +101,10 @@ def read_model_config(file: Path) -> GPTConfig:
         ok = isinstance(value, (int, float)) if expected is float else isinstance(value, expected)
         if not ok or (expected is not bool and isinstance(value, bool)):
             raise CheckpointError(f"{file}: {key}={value!r} should be a {expected.__name__}")
-    return GPTConfig(**raw)
+    if raw.get("activation", "gelu") not in ACTIVATIONS:
+        choices = ", ".join(ACTIVATIONS)
+        raise CheckpointError(f"{file}: activation={raw['activation']!r} is not one of {choices}")
+    return GPTConfig(**{**LEGACY_CONFIG_VALUES, **raw})
 
 
 def read_weights(file: Path) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from mars.data.config import DataConfig
-from mars.model.config import GPTConfig
+from mars.model.config import ACTIVATIONS, GPTConfig
 
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 GRAD_REDUCTIONS = ("mean", "sum")
@@ -232,6 +232,7 @@ def validate(cfg: Any, world_size: int = 1) -> None:
 def _check_model(cfg: Any) -> None:
     for key in ("model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size"):
         _at_least(cfg, key, 1)
+    _choice(cfg, "model.activation", ACTIVATIONS)
     dropout = float(_get(cfg, "model.dropout"))
     if not 0.0 <= dropout < 1.0:
         raise ConfigError(f"model.dropout={dropout} must lie in [0, 1)")

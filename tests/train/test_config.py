@@ -151,7 +151,8 @@ def test_one_line_collapses_multiline_errors():
 
 # ----------------------------------------------------------------------------- paper presets
 
-# docs/algorithms.md section 6, hard-coded: model shapes and the reference hyper-parameters.
+# docs/algorithms.md section 6, hard-coded: model shapes and the reference hyper-parameters (from the
+# reference's run configs, config/train_gpt2_*.py).
 SHAPES = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280), "xl": (48, 25, 1600)}
 LR = {  # size: AdamW lr, Muon lr, MARS lr, MARS lr_1d
     "small": (6e-4, 2e-2, 6e-3, 3e-3),
@@ -160,6 +161,7 @@ LR = {  # size: AdamW lr, Muon lr, MARS lr, MARS lr_1d
     "xl": (2e-4, None, 2e-3, 1e-3),
 }
 MUON_ADAMW_LR = {"small": 3e-3, "medium": 1.5e-3, "large": 1e-3}  # reference configs (not in the table)
+MIN_LR = {"small": 3e-5, "medium": 6e-5, "large": 1e-5, "xl": 1e-5}  # the configs' min_lr
 EXPECTED_PRESETS = {
     *(f"owt_{s}_{k}" for s in ("small", "medium", "large") for k in ("adamw", "muon", "mars")),
     "owt_small_mars_exact",
@@ -206,8 +208,9 @@ def test_paper_preset_matches_the_spec_table(name):
         assert list(o.betas_1d) == [0.9, 0.95]
     else:
         raise AssertionError(f"unknown preset kind {kind}")
-    assert (s.name, s.warmup_steps, s.decay_steps) == ("cosine", 2000, None)
-    assert s.min_lr == (1e-5 if size == "xl" else 3e-5)
-    assert (t.max_steps, t.global_batch_size, t.grad_clip, t.grad_reduction) == (100000, 480, 1.0, "sum")
+    # the reference loop runs iterations 0..max_iters inclusive, max_iters = lr_decay_iters = 100000
+    assert (s.name, s.warmup_steps, s.decay_steps, s.min_lr) == ("cosine", 2000, 100000, MIN_LR[size])
+    assert (t.max_steps, t.global_batch_size, t.grad_clip, t.grad_reduction) == (100001, 480, 1.0, "sum")
+    assert m.activation == "gelu_tanh"
     for world_size in (1, 2, 4, 8):  # the micro-batch fits every usual GPU count
         validate(cfg, world_size=world_size)

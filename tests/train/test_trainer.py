@@ -197,7 +197,10 @@ def poison(trainer: Trainer, bad_steps: set[int]) -> None:
 
 
 def test_non_finite_steps_are_skipped_counted_and_stop_the_run(data_root, tmp_path):
-    tr = make_trainer(data_root, tmp_path, max_steps=8, max_nonfinite_steps=2, ckpt_interval=1)
+    # no warmup: its step 0 would run at lr 0 and leave the weights where they are
+    tr = make_trainer(
+        data_root, tmp_path, ["schedule.warmup_steps=0"], max_steps=8, max_nonfinite_steps=2, ckpt_interval=1
+    )
     poison(tr, {1, 3, 4})
     before = {n: p.detach().clone() for n, p in tr.raw_model.named_parameters()}
     tr.train_step()  # step 0: fine

@@ -4,7 +4,7 @@
         meta.json            written last: its presence marks the directory complete
                              {"step", "tokens", "format": "full" | "sharded", "healthy", "world_size", ...}
         config.yaml          the run's resolved config
-        model.json           the GPTConfig
+        model.json           the model config (its `arch` names the architecture)
         model.safetensors    format "full": the whole model (tied wte/lm_head stored once)
         sharded/             format "sharded" (FSDP2): torch.distributed.checkpoint files, each rank's
                              shards of the model ("model.FQN") and of the optimizer state ("optim.FQN.BUF")

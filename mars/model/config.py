@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 class GPTConfig:
     """Field names are the `model.*` config keys and GPT's constructor arguments."""
 
+    arch: str = "gpt2"  # model.arch: the architecture (mars.model.spec)
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768

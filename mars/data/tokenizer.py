@@ -25,6 +25,9 @@ from typing import Any
 import tiktoken
 import tiktoken.load
 
+from mars.data.config import GPT2_TOKENIZER
+from mars.data.errors import DataError
+
 VOCAB_SIZE = 50257
 EOT_TOKEN = "<|endoftext|>"
 EOT_ID = 50256
@@ -36,7 +39,7 @@ ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256db
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
-GPT2 = "gpt2"  # data.tokenizer's default
+GPT2 = GPT2_TOKENIZER  # data.tokenizer's default
 UINT16_LIMIT = 1 << 16  # vocabularies up to this size fit uint16 shards
 
 
@@ -44,7 +47,7 @@ class TokenizerFilesError(RuntimeError):
     """The GPT-2 BPE files are missing or do not match the known hashes."""
 
 
-class TokenizerError(ValueError):
+class TokenizerError(DataError, ValueError):
     """data.tokenizer names nothing loadable, or a tokenizer unfit for shards (no end-of-text token)."""
 
 
@@ -150,6 +153,12 @@ def _load_hf(name: str):
     """AutoTokenizer.from_pretrained(name), with one-line errors naming data.tokenizer."""
     from transformers import AutoTokenizer
 
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1
+    if looks_like_path and not Path(name).expanduser().is_dir():
+        raise TokenizerError(
+            f"data.tokenizer={name}: no such directory; give a directory holding tokenizer.json / "
+            "tokenizer_config.json, a hub name (online), or gpt2"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(
             str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else name

@@ -14,6 +14,7 @@ is up, so all ranks share one run dir.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -108,6 +109,28 @@ def optimizer_key_error(e: BaseException) -> str | None:
     return f"optimizer.{m['key']}{source}: optimizer={name} has no key '{m['key']}'; its keys: {keys}"
 
 
+_FOREIGN_MODEL_KEY = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<cls>\w+)'\s+full_key: model\.")
+
+
+def model_key_error(e: BaseException) -> str | None:
+    """For a key the chosen architecture does not take (a LLaMA key on a GPT-2 preset): one line naming
+    the key, the architecture and the keys it does take (None for any other error)."""
+    from mars.model.spec import arch, arch_names
+
+    texts = []
+    while e is not None and len(texts) < 5:
+        texts.append(str(e))
+        e = e.__cause__ or e.__context__
+    m = _FOREIGN_MODEL_KEY.search("\n".join(texts))
+    name = m and next((n for n in arch_names() if arch(n).config.__name__ == m["cls"]), None)
+    if not name:
+        return None
+    keys = ", ".join(f.name for f in dataclasses.fields(arch(name).config) if f.name != "arch")
+    others = [n for n in arch_names() if n != name and m["key"] in arch(n).config.__dataclass_fields__]
+    hint = f" (a model.arch={others[0]} key: choose a model={others[0]}_... preset)" if others else ""
+    return f"model.{m['key']}: model.arch={name} has no key '{m['key']}'{hint}; its keys: {keys}"
+
+
 def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -142,7 +165,8 @@ def precheck(argv: list[str]) -> None:
             except ConfigError as e:
                 raise ConfigError(f"{e}{where}") from None
             except (HydraException, OmegaConfBaseException) as e:
-                raise ConfigError(f"{optimizer_key_error(e) or one_line(e)}{where}") from None
+                message = optimizer_key_error(e) or model_key_error(e) or one_line(e)
+                raise ConfigError(f"{message}{where}") from None
             if i == 0 and env_rank() == 0:
                 _check_output_dir(compose, args, combo)
 

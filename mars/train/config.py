@@ -213,6 +213,7 @@ def validate(cfg: Any, world_size: int = 1) -> None:
     if not 0.0 <= frac <= 1.0:
         raise ConfigError(f"schedule.decay_fraction={frac} must lie in [0, 1]")
     _check_model(cfg)
+    _check_tokenizer(cfg)
     _check_optimizer(cfg)
     _check_device(str(_get(cfg, "train.device")))
     _check_parallel(cfg, world_size)
@@ -246,6 +247,24 @@ def _check_model(cfg: Any) -> None:
         validate_model(node)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _check_tokenizer(cfg: Any) -> None:
+    """data.tokenizer loads, and model.vocab_size holds its vocabulary (GPT-2's: 50257 tokens)."""
+    from mars.data.tokenizer import TokenizerError, tokenizer_info
+
+    name = str(_get(cfg, "data.tokenizer"))
+    try:
+        info = tokenizer_info(name)
+    except TokenizerError as e:
+        raise ConfigError(str(e)) from None
+    vocab = int(_get(cfg, "model.vocab_size"))
+    if vocab < info.vocab_size:
+        padded = -(-info.vocab_size // 64) * 64
+        raise ConfigError(
+            f"model.vocab_size={vocab} is smaller than the vocabulary of data.tokenizer={name} "
+            f"({info.vocab_size} tokens); set model.vocab_size={padded} (padded to a multiple of 64)"
+        )
 
 
 def _check_device(device: str) -> None:

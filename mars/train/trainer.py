@@ -346,6 +346,7 @@ class Trainer:
                 batch_size=d.batch_size,
                 device=str(self.device),
                 num_fewshot=d.num_fewshot,
+                tokenizer=self.cfg.data.tokenizer,
             )
             model.train()
             del model

@@ -113,9 +113,9 @@ def test_shard_written_with_the_wrong_dtype(prepared):
 def test_manifest_with_an_unsupported_dtype(prepared):
     directory, _ = prepared
     m = _manifest(directory)
-    m["dtype"] = "uint32"
+    m["dtype"] = "float32"
     (directory / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ManifestError, match=r"manifest\.json: dtype 'uint32' is not supported"):
+    with pytest.raises(ManifestError, match=r"manifest\.json: dtype 'float32' is not supported"):
         open_dir(directory)
 
 

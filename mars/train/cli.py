@@ -162,6 +162,7 @@ def precheck(argv: list[str]) -> None:
             try:
                 cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=combo)
                 validate(cfg, env_world_size())
+                _check_resume_path(cfg)
             except ConfigError as e:
                 raise ConfigError(f"{e}{where}") from None
             except (HydraException, OmegaConfBaseException) as e:
@@ -169,6 +170,23 @@ def precheck(argv: list[str]) -> None:
                 raise ConfigError(f"{message}{where}") from None
             if i == 0 and env_rank() == 0:
                 _check_output_dir(compose, args, combo)
+
+
+def _check_resume_path(cfg) -> None:
+    """train.resume=PATH holds a model of the config's architecture and shape: refused before Hydra
+    makes a run dir (the other resume checks need the run dir: mars.train.rundir.choose_start)."""
+    import mars.checkpoint as ckpt
+
+    resume = cfg.train.resume
+    if resume in (None, "", "none", "null", "auto"):
+        return
+    chosen = ckpt.resolve_checkpoint(Path(str(resume)).expanduser())
+    if chosen is None:
+        return  # choose_start says what train.resume should name
+    try:
+        ckpt.check_model_shape(chosen, cfg.model)
+    except ckpt.CheckpointError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_output_dir(compose, args, overrides: list[str]) -> None:

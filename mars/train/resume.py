@@ -99,15 +99,13 @@ def check_resume_config(
     step_dir, saved: dict, new: Any, saved_world_size: int | None, world_size: int
 ) -> None:
     """Refuse to continue `step_dir` under a config that changes what the run is."""
-    diffs = fixed_differences(saved, new, saved_world_size, world_size)
-    arch = next((d for d in diffs if d.startswith("model.arch:")), None)
-    if arch is not None:
-        theirs = arch.split(": ", 1)[1].split(" -> ")[0].strip("'")
+    theirs, ours = (_flat(c).get("model.arch") or "gpt2" for c in (saved, new))
+    if theirs != ours:
         raise CheckpointMismatchError(
             f"cannot resume {step_dir} with this config: it holds a model.arch={theirs} model, the config "
-            f"asks for {arch.split(' -> ')[1]}; resume it with a model={theirs}_* preset, or start a new "
-            "run dir"
+            f"asks for model.arch={ours}; resume it with a model={theirs}_* preset, or start a new run dir"
         )
+    diffs = fixed_differences(saved, new, saved_world_size, world_size)
     if diffs:
         raise CheckpointMismatchError(
             f"cannot resume {step_dir} with this config: {'; '.join(diffs)} (these keys are fixed for a "

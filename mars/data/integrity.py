@@ -132,7 +132,7 @@ def check_shard_file(
         return ShardCheck(path, f"is missing (listed in {listed_in})", "missing")
     width = np.dtype(dtype).itemsize
     if stat.st_size != width * tokens:
-        other = 6 // width  # the other shard width: 2 <-> 4 bytes per token
+        other = 4 if width == 2 else 2  # the other shard width (uint16 <-> uint32)
         if stat.st_size == other * tokens:
             problem = (
                 f"holds {stat.st_size} bytes = {other} bytes per token (uint{8 * other}?) but {listed_in} "

@@ -52,7 +52,9 @@ def test_checksums_are_cached_until_a_file_changes(prepared, monkeypatch):
     directory, _ = prepared
     calls = []
     real = integrity.hash_shard
-    monkeypatch.setattr(integrity, "hash_shard", lambda p, n: calls.append(p.name) or real(p, n))
+    monkeypatch.setattr(
+        integrity, "hash_shard", lambda p, n, *dtype: calls.append(p.name) or real(p, n, *dtype)
+    )
     n = len(list(directory.glob("*.bin")))
     assert n >= 3
     open_dir(directory)

@@ -558,7 +558,7 @@ class Trainer:
 
         fpt = spec_for(self.cfg.model).flops_per_token(self.cfg.model, None)
         utilisation = mfu(tokens_per_s, fpt, self.device, num_devices=self.dist.world_size)
-        if utilisation is not None:  # a known peak: CUDA devices in the table, or $MARS_PEAK_FLOPS
+        if utilisation is not None or self.device.type == "cuda":  # CPU: only with $MARS_PEAK_FLOPS
             record["mfu"] = utilisation
         self._log(record)
         self.progress.show(record)

@@ -26,11 +26,36 @@ def tiny_llama(seed: int = 0) -> Llama:
     return Llama(TINY_LLAMA)
 
 
-def write_checkpoint(run_dir: Path, model: GPT | Llama, step: int, tokens: int) -> Path:
+def write_checkpoint(
+    run_dir: Path, model: GPT | Llama, step: int, tokens: int, tokenizer: str = "gpt2"
+) -> Path:
     """RUN_DIR/ckpt/step_XXXXXXXX as the trainer writes it (minus train_state.pt, unused here)."""
     step_dir = run_dir / "ckpt" / f"step_{step:08d}"
     save_model(model, step_dir)
-    run_config = {"model": model.config.to_dict(), "train": {"max_steps": step}}
+    run_config = {
+        "model": model.config.to_dict(),
+        "data": {"tokenizer": tokenizer},
+        "train": {"max_steps": step},
+    }
     (step_dir / "config.yaml").write_text(yaml.safe_dump(run_config))
     (step_dir / "meta.json").write_text(json.dumps({"step": step, "tokens": tokens, "wandb_run_id": None}))
     return step_dir
+
+
+def byte_bpe(out: Path, vocab_size: int = 300) -> Path:
+    """A small byte-level BPE tokenizer trained here (offline, about a second), saved as transformers does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|eos|>"], initial_alphabet=alphabet
+    )
+    tok.train_from_iterator(
+        ["the quick brown fox jumps over the lazy dog. " * 20, "What is two plus two?"], trainer
+    )
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>").save_pretrained(out)
+    return out

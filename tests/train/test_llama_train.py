@@ -131,3 +131,40 @@ def test_a_checkpoint_of_one_architecture_is_refused_for_the_other(
     code, _, err = run_cli(monkeypatch, capsys, [*base, *then, f"train.resume={run}", f"hydra.run.dir={new}"])
     assert code == 2 and not new.exists()
     assert_one_line(err, f"holds a model.arch={theirs} model")
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (
+            ["model=llama_tiny", "model.arch=mamba"],
+            ["model.arch='mamba' is not a known architecture", "gpt2, llama"],
+        ),
+        (
+            ["model.arch=llama"],
+            ["model.arch=llama, but the model preset is a model.arch=gpt2 one", "model=llama_"],
+        ),
+        (
+            ["model=gpt2_tiny", "model.n_kv_head=2"],
+            ["model.n_kv_head: model.arch=gpt2 has no key", "model=llama_"],
+        ),
+        (["model=llama_tiny", "model.bias=true"], ["model.bias: model.arch=llama has no key", "model=gpt2_"]),
+        (["model=llama_tiny", "model.n_kv_head=3"], ["model.n_kv_head=3 must divide model.n_head=4"]),
+        (["model=llama_tiny", "model.n_embd=36", "model.n_head=4"], ["36 / 4 = 9 is odd", "even head size"]),
+        (["model=llama_tiny", "model.mlp_hidden=0"], ["model.mlp_hidden=0 must be positive"]),
+    ],
+    ids=[
+        "unknown-arch",
+        "arch-override",
+        "llama-key-on-gpt2",
+        "gpt2-key-on-llama",
+        "kv-heads",
+        "odd-head",
+        "mlp",
+    ],
+)
+def test_bad_model_settings_are_one_line_before_the_run_dir(monkeypatch, capsys, tmp_path, args, fragments):
+    run = tmp_path / "run"
+    code, _, err = run_cli(monkeypatch, capsys, [*args, f"hydra.run.dir={run}"])
+    assert code == 2 and not run.exists()
+    assert_one_line(err, *fragments)

@@ -1,10 +1,12 @@
-"""Export a checkpoint as a Hugging Face GPT2LMHeadModel directory (weights, config, tokenizer).
+"""Export a checkpoint as a Hugging Face model directory (weights, config, tokenizer): GPT2LMHeadModel
+for model.arch=gpt2, LlamaForCausalLM for model.arch=llama.
 
     python scripts/export_hf.py RUN_DIR_OR_CKPT OUT_DIR [--force]
 
 RUN_DIR_OR_CKPT: a run directory (its latest complete checkpoint is used), RUN_DIR/ckpt, or one
 RUN_DIR/ckpt/step_XXXXXXXX directory. The result loads offline with
-transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR) and AutoTokenizer.from_pretrained(OUT_DIR).
+transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR) and AutoTokenizer.from_pretrained(OUT_DIR);
+the tokenizer is the one the run's data was prepared with (data.tokenizer).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from mars.checkpoint import CheckpointError
+from mars.data.errors import DataError
 from mars.entry import ArgumentParser
 from mars.model.hf import export_hf
 
@@ -24,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out = export_hf(args.path, args.out_dir, force=args.force)
-    except (CheckpointError, FileExistsError) as e:
+    except (CheckpointError, FileExistsError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {out} (load with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")

@@ -30,7 +30,7 @@ from mars.analysis.errors import AnalysisError
 from mars.analysis.labels import Column, Item, cell, format_value, item_of
 from mars.analysis.metric import Metric
 from mars.analysis.runs import Run
-from mars.analysis.settings import COMPARABILITY_KEYS, canonical
+from mars.analysis.settings import canonical, comparability_keys, with_defaults
 
 
 @dataclass
@@ -105,17 +105,20 @@ def _list_runs(runs: Sequence[Run]) -> str:
 def check_comparable(runs: Sequence[Run]) -> None:
     """Refuse runs that differ in training length, batch, data or model shape without a sweep saying so."""
     swept = swept_keys(runs)
-    for key in COMPARABILITY_KEYS:
+    flats = [with_defaults(run.flat) for run in runs]
+    for key in comparability_keys():
         by_value: dict[str, list[Run]] = defaultdict(list)
-        for run in runs:
-            by_value[canonical(run.flat.get(key))].append(run)
+        shown: dict[int, Any] = {}
+        for run, flat in zip(runs, flats, strict=True):
+            by_value[canonical(flat.get(key))].append(run)
+            shown[id(run)] = flat.get(key)
         if len(by_value) < 2 or _is_swept(key, swept):
             continue
         ordered = sorted(by_value.values(), key=len, reverse=True)
         places = [_where(rs) for rs in ordered]
         same_place = len(set(places)) < len(places)
         parts = [
-            f"{format_value(rs[0].flat.get(key))} in {len(rs)} run{'s' if len(rs) > 1 else ''} "
+            f"{format_value(shown[id(rs[0])])} in {len(rs)} run{'s' if len(rs) > 1 else ''} "
             + (f"({_list_runs(rs)})" if same_place else f"under {place}")
             for rs, place in zip(ordered, places, strict=True)
         ]

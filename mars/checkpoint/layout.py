@@ -7,7 +7,7 @@
         checksums.json       size and checksum of every other file (sharded/ included), written before
                              meta.json; every reader verifies the files it uses (mars.checkpoint.checksums)
         config.yaml          the run's resolved config
-        model.json           the GPTConfig
+        model.json           the model config (its `arch` names the architecture)
         model.safetensors    format "full": the whole model (tied wte/lm_head stored once)
         sharded/             format "sharded" (FSDP2): torch.distributed.checkpoint files, each rank's
                              shards of the model ("model.FQN") and of the optimizer state ("optim.FQN.BUF")

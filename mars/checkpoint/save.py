@@ -91,7 +91,7 @@ def save_checkpoint(
 ) -> Path | None:
     """Write RUN_DIR/ckpt/step_XXXXXXXX and rotate. Returns its path on rank 0 (None elsewhere).
 
-    Format "full" (sharded=None): called on rank 0 only; `model` is the bare GPT (no DDP / compile
+    Format "full" (sharded=None): called on rank 0 only; `model` is the bare model (no DDP / compile
     wrapper), written as model.safetensors. Format "sharded": called on every rank with `sharded`, the
     tensors to write through DCP (the model's and the optimizer's DTensors); `model` only supplies
     model.json. train_state (plain data) and meta are rank 0's.

@@ -7,11 +7,16 @@ from typing import Any
 
 VERIFY_LEVELS = ("cached", "full")
 
+GPT2_TOKENIZER = "gpt2"
+
 
 @dataclass
 class DataConfig:
     # source: embedded | openwebtext | fineweb_edu | local
     name: str = "embedded"
+    # gpt2 (offline, exact), or a Hugging Face tokenizer: a directory holding tokenizer.json /
+    # tokenizer_config.json, or a hub name (needs internet). Not gpt2: shards go to {root}/{name}-{tokenizer}
+    tokenizer: str = GPT2_TOKENIZER
     # prepared shards live in {root}/{dir or name}; a relative root is taken from the repository root
     # when running from a source checkout, else from the current directory
     root: str = "data"

@@ -38,10 +38,10 @@ def _block_hash(data) -> str:
     return xxhash.xxh3_64(data).hexdigest()
 
 
-def hash_shard(path: Path, tokens: int) -> tuple[str, int, list[str]]:
-    """sha256 of a uint16 shard of ``tokens`` tokens, its largest token id and the hash of each of its
-    BLOCK_BYTES blocks, read in bounded chunks."""
-    data = np.memmap(path, dtype=np.uint16, mode="r", shape=(tokens,))
+def hash_shard(path: Path, tokens: int, dtype: str = DTYPE) -> tuple[str, int, list[str]]:
+    """sha256 of a shard of ``tokens`` tokens (uint16 or uint32), its largest token id and the hash of
+    each of its BLOCK_BYTES blocks, read in bounded chunks."""
+    data = np.memmap(path, dtype=np.dtype(dtype), mode="r", shape=(tokens,))
     h = hashlib.sha256()
     top = 0
     blocks = []
@@ -159,9 +159,15 @@ class ShardCheck:
 
 
 def check_shard_file(
-    path: Path, tokens: int, sha256: str, cache: VerifiedCache, listed_in: str = "the manifest"
+    path: Path,
+    tokens: int,
+    sha256: str,
+    cache: VerifiedCache,
+    listed_in: str = "the manifest",
+    dtype: str = DTYPE,
 ) -> ShardCheck:
-    """Compare ``path`` with its record (``tokens`` uint16 tokens hashing to ``sha256``, in ``listed_in``).
+    """Compare ``path`` with its record (``tokens`` tokens of ``dtype`` hashing to ``sha256``, in
+    ``listed_in``).
 
     The size is always compared; the hash is taken from ``cache`` when the file is unchanged since it
     last hashed right, else computed (and remembered in ``cache`` when it matches).
@@ -170,18 +176,24 @@ def check_shard_file(
         stat = path.stat()
     except FileNotFoundError:
         return ShardCheck(path, f"is missing (listed in {listed_in})", "missing")
-    if stat.st_size != 2 * tokens:
-        if stat.st_size == 4 * tokens:
-            problem = f"holds {stat.st_size} bytes = 4 bytes per token (uint32?) but {listed_in} says {DTYPE}"
+    width = np.dtype(dtype).itemsize
+    if stat.st_size != width * tokens:
+        other = 4 if width == 2 else 2  # the other shard width (uint16 <-> uint32)
+        if stat.st_size == other * tokens:
+            problem = (
+                f"holds {stat.st_size} bytes = {other} bytes per token (uint{8 * other}?) but {listed_in} "
+                f"says {dtype}"
+            )
         else:
             problem = (
-                f"has {stat.st_size} bytes but {listed_in} lists {tokens} {DTYPE} tokens = {2 * tokens} bytes"
+                f"has {stat.st_size} bytes but {listed_in} lists {tokens} {dtype} tokens = {width * tokens} "
+                "bytes"
             )
-        return ShardCheck(path, problem, f"had {stat.st_size} bytes instead of {2 * tokens}")
+        return ShardCheck(path, problem, f"had {stat.st_size} bytes instead of {width * tokens}")
     top = cache.max_token(path, sha256, stat)
     if top is not None:
         return ShardCheck(path, None, max_token=top)
-    digest, top, blocks = hash_shard(path, tokens)
+    digest, top, blocks = hash_shard(path, tokens, dtype)
     if digest != sha256:
         return ShardCheck(
             path,

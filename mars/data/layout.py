@@ -23,12 +23,14 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from mars.data.config import GPT2_TOKENIZER as GPT2
 from mars.data.config import DataConfig
 from mars.data.errors import ManifestError, SourceError
 from mars.entry import hydra_value as _hydra_value
 
 FORMAT_VERSION = 1
-DTYPE = "uint16"
+DTYPE = "uint16"  # GPT-2's (and any vocabulary up to 65536 tokens); larger vocabularies get uint32 shards
+DTYPES = ("uint16", "uint32")
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 SPLITS = ("val", "train")
@@ -48,6 +50,8 @@ IDENTITY_KEYS = (
     "sample_by",
     "python",
     "seed",
+    "tokenizer",  # recorded only for a tokenizer other than GPT-2's (older manifests have neither)
+    "tokenizer_sha256",
 )
 SIZE_KEYS = ("val_tokens", "shard_tokens", "token_budget")
 # DataConfig fields that only affect loading, never the prepared files.
@@ -78,12 +82,18 @@ def project_root() -> Path | None:
 
 
 def dataset_dir(cfg: DataConfig) -> Path:
-    """{data.root}/{data.dir or data.name}; a relative root is taken from the checkout (else the cwd)."""
+    """{data.root}/{data.dir or data.name}, the name suffixed with the tokenizer's when it is not GPT-2's
+    (data/embedded-my_tokenizer); a relative root is taken from the checkout (else the cwd)."""
     cfg = as_data_config(cfg)
     root = Path(os.path.expanduser(cfg.root))
     if not root.is_absolute():
         root = (project_root() or Path.cwd()) / root
-    return root / (cfg.dir or cfg.name)
+    if cfg.dir:
+        return root / cfg.dir
+    if cfg.tokenizer != GPT2:
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(cfg.tokenizer.rstrip("/")).name or cfg.tokenizer)
+        return root / f"{cfg.name}-{slug}"
+    return root / cfg.name
 
 
 def requested_config(cfg: DataConfig) -> dict[str, Any]:
@@ -108,6 +118,10 @@ def requested_config(cfg: DataConfig) -> dict[str, Any]:
         out.update(paths=[str(p) for p in cfg.paths], format=cfg.format, text_field=cfg.text_field)
         if cfg.format in (None, "text"):
             out["sample_by"] = cfg.text_sample_by
+    if cfg.tokenizer != GPT2:
+        from mars.data.tokenizer import tokenizer_info
+
+        out.update(tokenizer=cfg.tokenizer, tokenizer_sha256=tokenizer_info(cfg.tokenizer).sha256)
     out.update(val_tokens=cfg.val_tokens, shard_tokens=cfg.shard_tokens, token_budget=cfg.token_budget)
     # Recorded, never compared: with it or without, a source gives the same shards or (without it, on a
     # bad document) none. The recorded value lets a rebuild skip the same documents again.

@@ -14,6 +14,7 @@ ACTIVATIONS = ("gelu_tanh", "gelu")
 class GPTConfig:
     """Field names are the `model.*` config keys and GPT's constructor arguments."""
 
+    arch: str = "gpt2"  # model.arch: the architecture (mars.model.spec)
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768

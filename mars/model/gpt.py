@@ -183,3 +183,64 @@ def _normal_(param: torch.Tensor, std: float, generator: torch.Generator | None)
         copy_full_(param, full.normal_(0.0, std, generator=generator))
     else:
         param.normal_(0.0, std, generator=generator)
+
+
+# ----------------------------------------------------------------------------- the architecture's spec
+
+GPT_SIZES = {(4, 4, 256): "tiny", (12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large",
+             (48, 25, 1600): "xl"}  # fmt: skip
+
+
+def validate_config(c: GPTConfig) -> None:
+    """One ValueError per value that cannot build a GPT, naming the key."""
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        if getattr(c, key) < 1:
+            raise ValueError(f"model.{key}={getattr(c, key)} must be >= 1")
+    if c.n_embd % c.n_head != 0:
+        raise ValueError(f"model.n_embd={c.n_embd} must be a multiple of model.n_head={c.n_head}")
+    if not 0.0 <= c.dropout < 1.0:
+        raise ValueError(f"model.dropout={c.dropout} must lie in [0, 1)")
+    if c.activation not in ACTIVATIONS:
+        raise ValueError(f"model.activation={c.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+
+
+def _register() -> None:
+    from mars.model import flops
+    from mars.model.spec import ModelSpec, register_arch, roles_by_name
+
+    register_arch(
+        ModelSpec(
+            name="gpt2",
+            title="GPT-2",
+            config=GPTConfig,
+            model=GPT,
+            blocks=lambda model: model.transformer.h,
+            flops_per_token=flops.flops_per_token,
+            count_params=flops.count_params,
+            param_roles=lambda model: roles_by_name(
+                model,
+                embeddings=("transformer.wte.weight", "transformer.wpe.weight"),
+                heads=("lm_head.weight",),
+            ),
+            tied=lambda config: {"lm_head.weight": "transformer.wte.weight"},
+            shape_keys=("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias"),
+            fixed_keys=("scale_attn_by_inverse_layer_idx", "activation"),
+            required_keys=(
+                "n_layer",
+                "n_head",
+                "n_embd",
+                "block_size",
+                "vocab_size",
+                "bias",
+                "dropout",
+                "scale_attn_by_inverse_layer_idx",
+            ),  # fmt: skip
+            legacy_values={"activation": "gelu"},  # model.json / run configs written before the field
+            validate=validate_config,
+            sizes=GPT_SIZES,
+            hf_adapter="mars.model.hf",
+        )
+    )
+
+
+_register()

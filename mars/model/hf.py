@@ -1,4 +1,6 @@
-"""Conversion between mars GPT and Hugging Face transformers' GPT2LMHeadModel.
+"""Hugging Face interop: the GPT-2 adapter (mars GPT <-> transformers' GPT2LMHeadModel), and the
+entry points for every architecture (``to_hf`` / ``from_hf`` / ``export_hf`` hand other
+architectures to the adapter their spec names, e.g. mars.model.hf_llama).
 
 Mapping (our parameter names already match Hugging Face's):
 - the four matmul weights of a block (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are
@@ -35,6 +37,8 @@ from mars.model.config import GPTConfig
 from mars.model.gpt import GPT
 from mars.model.io import unwrap_model
 
+HF_MODEL_TYPE = "gpt2"
+HF_ARCHITECTURE = "GPT2LMHeadModel"
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 WTE, WPE, LM_HEAD = "transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"
 LAYER_NORM_EPS = 1e-5
@@ -45,12 +49,14 @@ HF_ACTIVATIONS = {
 }
 
 
-def hf_config(config: GPTConfig, attn_implementation: str = "sdpa"):
-    """The transformers GPT2Config that computes what GPT(config) computes."""
+def hf_config(config: GPTConfig, attn_implementation: str = "sdpa", tokenizer=None):
+    """The transformers GPT2Config that computes what GPT(config) computes (over the real tokens of
+    ``tokenizer``, default GPT-2's)."""
     from transformers import GPT2Config
 
-    vocab = min(config.vocab_size, VOCAB_SIZE)
-    eot = EOT_ID if vocab > EOT_ID else None
+    real, eot = (VOCAB_SIZE, EOT_ID) if tokenizer is None else (len(tokenizer), tokenizer.eos_token_id)
+    vocab = min(config.vocab_size, real)
+    eot = eot if eot is not None and vocab > eot else None
     return GPT2Config(
         vocab_size=vocab,
         n_positions=config.block_size,
@@ -77,14 +83,18 @@ def hf_config(config: GPTConfig, attn_implementation: str = "sdpa"):
     )
 
 
-def to_hf(model: nn.Module, attn_implementation: str = "sdpa"):
+def to_hf(model: nn.Module, attn_implementation: str = "sdpa", tokenizer=None):
     """A GPT2LMHeadModel (on the model's device and dtype, same train/eval mode) with our weights
     copied in: it shares no storage with ``model``."""
     from transformers import GPT2LMHeadModel
 
     gpt = unwrap_model(model)
+    if not isinstance(gpt, GPT):  # another architecture: its own adapter
+        from mars.model.spec import spec_of
+
+        return spec_of(gpt).hf().to_hf(gpt, attn_implementation, tokenizer)
     ours = gpt.state_dict()
-    config = hf_config(gpt.config, attn_implementation)
+    config = hf_config(gpt.config, attn_implementation, tokenizer)
     with torch.device("meta"):
         hf = GPT2LMHeadModel(config)
     tensors = {}
@@ -113,8 +123,11 @@ def to_hf(model: nn.Module, attn_implementation: str = "sdpa"):
 
 
 def from_hf(hf_model) -> GPT:
-    """Our GPT with the weights of a GPT2LMHeadModel (same device, dtype and train/eval mode)."""
+    """Our model with the weights of a transformers model (same device, dtype and train/eval mode): a
+    GPT from a GPT2LMHeadModel, another architecture through the adapter of its model_type."""
     hc = hf_model.config
+    if hc.model_type != HF_MODEL_TYPE:
+        return adapter_for(hc.model_type).from_hf(hf_model)
     problems = []
     if hc.n_inner not in (None, 4 * hc.n_embd):
         problems.append(f"n_inner={hc.n_inner} (we use 4 * n_embd = {4 * hc.n_embd})")
@@ -166,6 +179,21 @@ def from_hf(hf_model) -> GPT:
     return model.train(hf_model.training)
 
 
+def adapter_for(model_type: str):
+    """The adapter module (mars.model.spec's hf_adapter) whose HF_MODEL_TYPE is ``model_type``."""
+    import importlib
+
+    from mars.model.spec import arch, arch_names
+
+    adapters = [arch(n).hf_adapter for n in arch_names() if arch(n).hf_adapter]
+    for name in adapters:
+        module = importlib.import_module(name)
+        if module.HF_MODEL_TYPE == model_type:
+            return module
+    kinds = ", ".join(importlib.import_module(n).HF_MODEL_TYPE for n in adapters)
+    raise ValueError(f"no mars architecture imports a Hugging Face {model_type!r} model (known: {kinds})")
+
+
 @functools.cache
 def scale_is_honoured(attn_implementation: str = "sdpa") -> bool:
     """Whether the installed transformers' GPT-2 applies scale_attn_by_inverse_layer_idx with this
@@ -190,8 +218,10 @@ def scale_is_honoured(attn_implementation: str = "sdpa") -> bool:
 def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> Path:
     """Write the checkpoint at path (run dir, ckpt dir or step dir) as a Hugging Face model
     directory (model.safetensors, config.json, generation_config.json, tokenizer files) that
-    AutoModelForCausalLM / AutoTokenizer.from_pretrained load offline. Returns out_dir."""
-    from mars.data.tokenizer import get_hf_tokenizer
+    AutoModelForCausalLM / AutoTokenizer.from_pretrained load offline: GPT2LMHeadModel for a GPT-2,
+    the adapter's class for another architecture, with the tokenizer the run's data was prepared
+    with (data.tokenizer). Returns out_dir."""
+    from mars.data.tokenizer import get_hf_tokenizer, tokenizer_of_run
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -201,10 +231,16 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, force: bool =
             f"{out} is not empty; choose another directory or pass --force to write over it"
         )
     from mars.checkpoint import load_model
+    from mars.model.spec import spec_of
 
-    model, _ = load_model(path)
-    hf = to_hf(model).eval()
-    if model.config.scale_attn_by_inverse_layer_idx and not scale_is_honoured("sdpa"):
+    model, info = load_model(path)
+    tokenizer = get_hf_tokenizer(tokenizer_of_run(info.get("config")))
+    hf = to_hf(model, tokenizer=tokenizer).eval()
+    if (
+        isinstance(model, GPT)
+        and model.config.scale_attn_by_inverse_layer_idx
+        and not scale_is_honoured("sdpa")
+    ):
         warnings.warn(
             "this transformers version ignores scale_attn_by_inverse_layer_idx under SDPA: load the "
             "export with attn_implementation='eager'",
@@ -212,7 +248,9 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, force: bool =
         )
     out.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out, max_shard_size="1000GB")
-    tokenizer = get_hf_tokenizer()
+    finish = getattr(spec_of(model).hf(), "finish_export", None)
+    if finish is not None:
+        finish(out, model)
     tokenizer.model_max_length = model.config.block_size
     tokenizer.save_pretrained(out)
     return out

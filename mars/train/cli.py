@@ -19,6 +19,7 @@ is up, so all ranks share one run dir.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -93,6 +94,28 @@ def optimizer_key_error(e: BaseException) -> str | None:
     return f"optimizer.{m['key']}{source}: optimizer={name} has no key '{m['key']}'; its keys: {keys}"
 
 
+_FOREIGN_MODEL_KEY = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<cls>\w+)'\s+full_key: model\.")
+
+
+def model_key_error(e: BaseException) -> str | None:
+    """For a key the chosen architecture does not take (a LLaMA key on a GPT-2 preset): one line naming
+    the key, the architecture and the keys it does take (None for any other error)."""
+    from mars.model.spec import arch, arch_names
+
+    texts = []
+    while e is not None and len(texts) < 5:
+        texts.append(str(e))
+        e = e.__cause__ or e.__context__
+    m = _FOREIGN_MODEL_KEY.search("\n".join(texts))
+    name = m and next((n for n in arch_names() if arch(n).config.__name__ == m["cls"]), None)
+    if not name:
+        return None
+    keys = ", ".join(f.name for f in dataclasses.fields(arch(name).config) if f.name != "arch")
+    others = [n for n in arch_names() if n != name and m["key"] in arch(n).config.__dataclass_fields__]
+    hint = f" (a model.arch={others[0]} key: choose a model={others[0]}_... preset)" if others else ""
+    return f"model.{m['key']}: model.arch={name} has no key '{m['key']}'{hint}; its keys: {keys}"
+
+
 def check_launch(cfg, multirun: bool, local: bool = True) -> None:
     """launch.gpus_per_job places the jobs of a sweep: refused where it would be ignored or cannot work
     (`local`: the jobs run on this machine, i.e. not through a cluster launcher such as submitit)."""
@@ -145,16 +168,35 @@ def precheck(argv: list[str]) -> Plan | None:
                 resolve_all(cfg)
                 validate(cfg, env_world_size())
                 check_launch(cfg, args.multirun, local=not any("submitit" in o for o in args.overrides))
+                _check_resume_path(cfg)
             except ConfigError as e:
                 raise ConfigError(f"{e}{where}") from None
             except Exception as e:
                 if not is_composition_error(e):
                     raise
-                raise ConfigError(f"{optimizer_key_error(e) or one_line(e)}{where}") from None
+                message = optimizer_key_error(e) or model_key_error(e) or one_line(e)
+                raise ConfigError(f"{message}{where}") from None
             cfgs.append(cfg)
             if i == 0 and env_rank() == 0:
                 out_dir = _output_dir(compose, args, combo)
     return Plan(multirun=bool(args.multirun), cfg=cfgs[0], cfgs=cfgs, out_dir=out_dir)
+
+
+def _check_resume_path(cfg) -> None:
+    """train.resume=PATH holds a model of the config's architecture and shape: refused before Hydra
+    makes a run dir (the other resume checks need the run dir: mars.train.rundir.choose_start)."""
+    import mars.checkpoint as ckpt
+
+    resume = cfg.train.resume
+    if resume in (None, "", "none", "null", "auto"):
+        return
+    chosen = ckpt.resolve_checkpoint(Path(str(resume)).expanduser())
+    if chosen is None:
+        return  # choose_start says what train.resume should name
+    try:
+        ckpt.check_model_shape(chosen, cfg.model)
+    except ckpt.CheckpointError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _output_dir(compose, args, overrides: list[str]) -> Path | None:

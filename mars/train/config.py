@@ -14,7 +14,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from mars.data.config import DataConfig
-from mars.model.config import ACTIVATIONS, GPTConfig
 
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 GRAD_REDUCTIONS = ("mean", "sum")
@@ -109,7 +108,7 @@ class LaunchConfig:
 
 @dataclass
 class Config:
-    model: GPTConfig = field(default_factory=GPTConfig)
+    model: Any = MISSING  # the chosen architecture's config dataclass (mars.model.spec, model.arch)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: Any = MISSING  # the chosen optimizer's own config dataclass (mars.optim registry)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -120,18 +119,23 @@ class Config:
 
 
 SCHEMA_GROUP = "schema/optimizer"
+MODEL_SCHEMA_GROUP = "schema/model"
 
 
 def register_configs() -> None:
-    """Store the schema as `base_config` (the first entry of configs/config.yaml's defaults), and each
+    """Store the schema as `base_config` (the first entry of configs/config.yaml's defaults), each
     registered optimizer's config dataclass as schema/optimizer/NAME, which configs/optimizer/NAME.yaml
-    extends: a key that optimizer does not take then fails when the config is composed."""
+    extends, and each architecture's as schema/model/ARCH, which configs/model/*.yaml extend: a key that
+    optimizer or architecture does not take then fails when the config is composed."""
+    from mars.model.spec import arch, arch_names
     from mars.optim import optimizer_names, registered
 
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
     for name in optimizer_names():
         store.store(group=SCHEMA_GROUP, name=name, node=registered(name).config)
+    for name in arch_names():
+        store.store(group=MODEL_SCHEMA_GROUP, name=name, node=arch(name).config)
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -215,11 +219,9 @@ def validate(cfg: Any, world_size: int = 1) -> None:
     frac = float(_get(cfg, "schedule.decay_fraction"))
     if not 0.0 <= frac <= 1.0:
         raise ConfigError(f"schedule.decay_fraction={frac} must lie in [0, 1]")
-    n_embd, n_head = int(_get(cfg, "model.n_embd")), int(_get(cfg, "model.n_head"))
-    if n_head < 1 or n_embd % n_head != 0:
-        raise ConfigError(f"model.n_embd={n_embd} must be a multiple of model.n_head={n_head}")
     _check_model(cfg)
     _check_data(cfg)
+    _check_tokenizer(cfg)
     _check_optimizer(cfg)
     _check_device(str(_get(cfg, "train.device")))
     _check_parallel(cfg, world_size)
@@ -230,12 +232,47 @@ def validate(cfg: Any, world_size: int = 1) -> None:
 
 
 def _check_model(cfg: Any) -> None:
-    for key in ("model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size"):
-        _at_least(cfg, key, 1)
-    _choice(cfg, "model.activation", ACTIVATIONS)
-    dropout = float(_get(cfg, "model.dropout"))
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"model.dropout={dropout} must lie in [0, 1)")
+    """model.arch names a registered architecture whose schema the preset extends, and the values build
+    one (the architecture's own checks: mars.model.spec)."""
+    from omegaconf import OmegaConf
+
+    from mars.model.spec import arch, arch_names, validate_model
+
+    node = _get(cfg, "model")
+    name = _get(cfg, "model.arch")
+    try:
+        spec = arch(name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    schema = OmegaConf.get_type(node) if OmegaConf.is_config(node) else type(node)
+    if schema not in (dict, spec.config):
+        preset = next((n for n in arch_names() if arch(n).config is schema), "another")
+        raise ConfigError(
+            f"model.arch={name}, but the model preset is a model.arch={preset} one: choose a {name} preset "
+            f"(model={name}_...) instead of overriding model.arch"
+        )
+    try:
+        validate_model(node)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_tokenizer(cfg: Any) -> None:
+    """data.tokenizer loads, and model.vocab_size holds its vocabulary (GPT-2's: 50257 tokens)."""
+    from mars.data.tokenizer import TokenizerError, tokenizer_info
+
+    name = str(_get(cfg, "data.tokenizer"))
+    try:
+        info = tokenizer_info(name)
+    except TokenizerError as e:
+        raise ConfigError(str(e)) from None
+    vocab = int(_get(cfg, "model.vocab_size"))
+    if vocab < info.vocab_size:
+        padded = -(-info.vocab_size // 64) * 64
+        raise ConfigError(
+            f"model.vocab_size={vocab} is smaller than the vocabulary of data.tokenizer={name} "
+            f"({info.vocab_size} tokens); set model.vocab_size={padded} (padded to a multiple of 64)"
+        )
 
 
 def _check_data(cfg: Any) -> None:

@@ -75,11 +75,13 @@ def _config_dict(cfg) -> dict:
 
 
 def build_model(model_cfg, device: torch.device, seed: int, shard=None):
-    """The GPT of `model_cfg` on `device`, initialised from a generator seeded with `seed`. `shard`, when
-    given, is applied to the model while it is still on the meta device (train.parallel=fsdp)."""
-    from mars.model import GPT
+    """The model of `model_cfg` (its model.arch's class) on `device`, initialised from a generator seeded
+    with `seed`. `shard`, when given, is applied to the model while it is still on the meta device
+    (train.parallel=fsdp)."""
+    from mars.model.spec import model_config, spec_for
 
-    model = GPT.empty(model_cfg, device, on_meta=shard)
+    model_cfg = model_config(model_cfg)
+    model = spec_for(model_cfg).model.empty(model_cfg, device, on_meta=shard)
     model.init_weights(generator=torch.Generator(device=device).manual_seed(seed))
     return model
 
@@ -346,6 +348,7 @@ class Trainer:
                 batch_size=d.batch_size,
                 device=str(self.device),
                 num_fewshot=d.num_fewshot,
+                tokenizer=self.cfg.data.tokenizer,
             )
             model.train()
             del model
@@ -367,9 +370,9 @@ class Trainer:
         )
         if not self.dist.is_main:
             return None
-        from mars.model import GPT
+        from mars.model.spec import spec_for
 
-        model = GPT.empty(self.cfg.model, self.device)
+        model = spec_for(self.cfg.model).model.empty(self.cfg.model, self.device)
         model.load_state_dict(full)
         return model
 
@@ -557,11 +560,13 @@ class Trainer:
             record["gamma"] = float(self.optimizer.param_groups[0]["gamma"])  # the value it used
         if getattr(self.optimizer, "diagnostics", False) and self.dist.is_main:
             record.update(self.optimizer.read_diagnostics())  # the one read of the device-side sums
-        if self.device.type == "cuda":
-            from mars.model.flops import flops_per_token, mfu
+        from mars.model.flops import mfu
+        from mars.model.spec import spec_for
 
-            fpt = flops_per_token(self.cfg.model)
-            record["mfu"] = mfu(tokens_per_s, fpt, self.device, num_devices=self.dist.world_size)
+        fpt = spec_for(self.cfg.model).flops_per_token(self.cfg.model, None)
+        utilisation = mfu(tokens_per_s, fpt, self.device, num_devices=self.dist.world_size)
+        if utilisation is not None or self.device.type == "cuda":  # CPU: only with $MARS_PEAK_FLOPS
+            record["mfu"] = utilisation
         self._log(record)
         self.progress.show(record)
         alarm = self.health.on_loss(s.step, record["train/loss"])

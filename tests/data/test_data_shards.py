@@ -52,7 +52,9 @@ def test_checksums_are_cached_until_a_file_changes(prepared, monkeypatch):
     directory, _ = prepared
     calls = []
     real = integrity.hash_shard
-    monkeypatch.setattr(integrity, "hash_shard", lambda p, n: calls.append(p.name) or real(p, n))
+    monkeypatch.setattr(
+        integrity, "hash_shard", lambda p, n, *dtype: calls.append(p.name) or real(p, n, *dtype)
+    )
     n = len(list(directory.glob("*.bin")))
     assert n >= 3
     open_dir(directory)
@@ -150,9 +152,9 @@ def test_shard_written_with_the_wrong_dtype(prepared):
 def test_manifest_with_an_unsupported_dtype(prepared):
     directory, _ = prepared
     m = _manifest(directory)
-    m["dtype"] = "uint32"
+    m["dtype"] = "float32"
     (directory / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ManifestError, match=r"manifest\.json: dtype 'uint32' is not supported"):
+    with pytest.raises(ManifestError, match=r"manifest\.json: dtype 'float32' is not supported"):
         open_dir(directory)
 
 

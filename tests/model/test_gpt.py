@@ -202,5 +202,17 @@ def test_model_json_from_before_the_activation_field_loads_as_exact_gelu(tmp_pat
     (tmp_path / "model.json").write_text(json.dumps(cfg))
     assert load_model(tmp_path)[0].config.activation == "gelu"
     (tmp_path / "model.json").write_text(json.dumps({**cfg, "activation": "swish"}))
-    with pytest.raises(CheckpointError, match=r"model\.json: activation='swish' is not one of gelu_tanh"):
+    with pytest.raises(CheckpointError, match=r"model\.json: model\.activation='swish' is not one of"):
         load_model(tmp_path)
+
+
+def test_a_run_from_before_the_activation_field_resumes_only_with_exact_gelu():
+    # its config.yaml has no model.activation: it trained with the exact GELU, and continuing it with
+    # the tanh default would change the function under its weights
+    from mars.train.resume import fixed_differences
+
+    saved = {"model": {"n_layer": 2, "n_head": 2, "n_embd": 32}, "train": {"seed": 1}}
+    now = {"model": {"arch": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32}, "train": {"seed": 1}}
+    tanh = fixed_differences(saved, {**now, "model": {**now["model"], "activation": "gelu_tanh"}}, 1, 1)
+    assert tanh == ["model.activation: 'gelu' -> 'gelu_tanh'"]
+    assert fixed_differences(saved, {**now, "model": {**now["model"], "activation": "gelu"}}, 1, 1) == []

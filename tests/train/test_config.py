@@ -57,9 +57,10 @@ def test_every_group_combination_composes():
     count = 0
     for combo in itertools.product(*(nodes[g].values() for g in groups)):
         chosen = dict(zip(groups, combo, strict=True))
-        optimizer = chosen.pop("optimizer")  # its own schema: Hydra replaces the node, it does not merge
+        # optimizer and model have a schema per choice: Hydra replaces those nodes, it does not merge
+        optimizer, model = chosen.pop("optimizer"), chosen.pop("model")
         cfg = OmegaConf.merge(base, chosen, {"logger": next(loggers)})
-        cfg.optimizer = optimizer
+        cfg.optimizer, cfg.model = optimizer, model
         validate(cfg)
         count += 1
     assert count >= 5 * 4 * 8 * 4

@@ -135,8 +135,11 @@ main()
 """
 
 
-def test_resume_after_sigkill_reproduces_the_straight_run(data_root, tmp_path):
-    overrides = tiny_overrides(data_root, max_steps=20, ckpt_interval=10, eval_interval=10)
+@pytest.mark.parametrize(
+    "model", [[], ["model=llama_tiny", "model.n_head=4", "model.n_kv_head=2"]], ids=["gpt2", "llama"]
+)
+def test_resume_after_sigkill_reproduces_the_straight_run(data_root, tmp_path, model):
+    overrides = [*tiny_overrides(data_root, max_steps=20, ckpt_interval=10, eval_interval=10), *model]
     straight = in_process(overrides, tmp_path / "straight")
 
     split = tmp_path / "split"

@@ -252,7 +252,9 @@ def test_in_loop_downstream_eval_is_logged_every_interval(data_root, tmp_path, m
 
     calls = []
 
-    def fake_evaluate_model(model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0):
+    def fake_evaluate_model(
+        model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0, tokenizer="gpt2"
+    ):
         calls.append((model.training, list(tasks), limit, batch_size, device, num_fewshot))
         return {"hellaswag": {"acc": 0.25, "acc_norm": 0.5, "alias": "hellaswag"}}
 
@@ -278,7 +280,9 @@ def _fsdp_downstream_rank(rank: int, world: int, data_root: str, run_dir: str) -
 
     seen = []
 
-    def fake_evaluate_model(model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0):
+    def fake_evaluate_model(
+        model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0, tokenizer="gpt2"
+    ):
         with torch.no_grad():
             model(torch.zeros(1, 4, dtype=torch.long))  # runs on rank 0 alone (a sharded model would hang)
         seen.append({n: p.detach().clone() for n, p in model.named_parameters()})

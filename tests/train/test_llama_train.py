@@ -34,6 +34,7 @@ def test_llama_trains_in_one_process_and_logs_mfu_with_a_known_peak(data_root, t
             *LLAMA,
             "optimizer=adamw",
             "optimizer.lr=1e-2",
+            "schedule.warmup_steps=0",  # all 8 steps at the peak (a warmup's step 0 runs at lr 0)
         ]
     )
     tr = Trainer(cfg, tmp_path, DistInfo())

@@ -15,14 +15,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mars.checks import at_least, choice, fraction, multiple_of
 from mars.model.config import ACTIVATIONS, GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
-        if config.n_embd % config.n_head != 0:
-            raise ValueError(f"n_embd={config.n_embd} is not divisible by n_head={config.n_head}")
+        multiple_of("n_embd", config.n_embd, "n_head", config.n_head)
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -49,8 +49,7 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        if config.activation not in ACTIVATIONS:
-            raise ValueError(f"activation={config.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        choice("activation", config.activation, ACTIVATIONS)
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         # gelu_tanh: GPT-2's tanh approximation (Hugging Face "gelu_new"); gelu: the exact erf form
         self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
@@ -194,14 +193,10 @@ GPT_SIZES = {(4, 4, 256): "tiny", (12, 12, 768): "small", (24, 16, 1024): "mediu
 def validate_config(c: GPTConfig) -> None:
     """One ValueError per value that cannot build a GPT, naming the key."""
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        if getattr(c, key) < 1:
-            raise ValueError(f"model.{key}={getattr(c, key)} must be >= 1")
-    if c.n_embd % c.n_head != 0:
-        raise ValueError(f"model.n_embd={c.n_embd} must be a multiple of model.n_head={c.n_head}")
-    if not 0.0 <= c.dropout < 1.0:
-        raise ValueError(f"model.dropout={c.dropout} must lie in [0, 1)")
-    if c.activation not in ACTIVATIONS:
-        raise ValueError(f"model.activation={c.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        at_least(f"model.{key}", getattr(c, key), 1)
+    multiple_of("model.n_embd", c.n_embd, "model.n_head", c.n_head)
+    fraction("model.dropout", c.dropout)
+    choice("model.activation", c.activation, ACTIVATIONS)
 
 
 def _register() -> None:

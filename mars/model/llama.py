@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mars.checks import above, at_least, multiple_of
 from mars.model.gpt import _normal_
 from mars.model.spec import ModelSpec, register_arch, roles_by_name
 
@@ -70,10 +71,8 @@ def mlp_hidden(c: Any) -> int:
 def validate_config(c: LlamaConfig) -> None:
     """One ValueError per value that cannot build the model, naming the key and the fix."""
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "multiple_of"):
-        if getattr(c, key) < 1:
-            raise ValueError(f"model.{key}={getattr(c, key)} must be >= 1")
-    if c.n_embd % c.n_head:
-        raise ValueError(f"model.n_embd={c.n_embd} must be a multiple of model.n_head={c.n_head}")
+        at_least(f"model.{key}", getattr(c, key), 1)
+    multiple_of("model.n_embd", c.n_embd, "model.n_head", c.n_head)
     if head_dim(c) % 2:
         raise ValueError(
             f"model.n_embd / model.n_head = {c.n_embd} / {c.n_head} = {head_dim(c)} is odd: rotary "
@@ -89,10 +88,8 @@ def validate_config(c: LlamaConfig) -> None:
             f"model.mlp_hidden={c.mlp_hidden} must be positive: set the SwiGLU width, or null for the "
             "8/3 rule"
         )
-    if not c.norm_eps > 0:
-        raise ValueError(f"model.norm_eps={c.norm_eps} must be > 0")
-    if not c.rope_theta > 0:
-        raise ValueError(f"model.rope_theta={c.rope_theta} must be > 0")
+    above("model.norm_eps", c.norm_eps)
+    above("model.rope_theta", c.rope_theta)
 
 
 class RMSNorm(nn.Module):

@@ -12,7 +12,9 @@ through it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,6 +48,22 @@ def write_atomic(path: str | os.PathLike, data: Data, *, fsync: bool = False) ->
             tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def try_create_dir_in(base: Path) -> None:
+    """Create a directory in `base` and remove it again: OSError (NotADirectoryError for a file) where
+    that fails. Tried rather than read from permission bits, which say nothing for root or a read-only
+    mount."""
+    if not base.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(base))
+    os.rmdir(tempfile.mkdtemp(prefix=".mars-write-test-", dir=base))
 
 
 def fsync_file(path: Path) -> None:

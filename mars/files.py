@@ -1,4 +1,5 @@
-"""Writing files so that nothing is half-written: the one atomic write, and fsync for durability.
+"""Writing files so that nothing is half-written: the one atomic write, fsync for durability, and
+whether a directory can be created somewhere (tried before a run dir or a dataset is made).
 
 write_atomic(path, data) writes a temporary file beside `path` and renames it over `path`, so a
 reader, or a run killed mid-write, sees the old file whole or the new one whole. With fsync=True the

@@ -150,18 +150,13 @@ def check_hydra_command(config_dir: str | Path, config_name: str, argv: list[str
         return
     try:
         combos = sweep_combinations(args.overrides) if args.multirun else [args.overrides]
-    except Exception as e:
-        if is_composition_error(e):
-            raise UsageError(one_line(e)) from None
-        raise
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name=config_name):
-        for combo in combos:
-            try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name=config_name):
+            for combo in combos:
                 cfg = compose(config_name=args.config_name or config_name, overrides=combo)
                 resolve_all(cfg)
                 if check is not None:
                     check(cfg)
-            except Exception as e:
-                if is_composition_error(e):
-                    raise UsageError(one_line(e)) from None
-                raise
+    except Exception as e:
+        if is_composition_error(e):
+            raise UsageError(one_line(e)) from None
+        raise

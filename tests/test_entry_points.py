@@ -83,16 +83,3 @@ def test_every_command_says_one_line_and_exits_2(command, args, fragment, tmp_pa
     assert fragment.format(tmp=tmp_path) in lines[0]
     assert "Traceback" not in out + err and "HYDRA_FULL_ERROR" not in err
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
-
-
-@pytest.fixture
-def restore_logging():
-    import logging
-
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    for h in root.handlers[:]:
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)

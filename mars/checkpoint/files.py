@@ -1,9 +1,9 @@
-"""Durable file writing for checkpoints: fsync before a file counts, and a full disk as one clear error."""
+"""Failures of checkpoint files: a full disk while writing as one clear error, and why a file could not
+be read, without advice to load it unsafely. (Durable writing itself is mars.files.)"""
 
 from __future__ import annotations
 
 import errno
-import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,46 +25,6 @@ def is_disk_full(err: BaseException) -> bool:
             return True  # libraries (safetensors, DCP) sometimes re-raise the OSError as text
         err = err.__cause__ or err.__context__
     return False
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory, so that a rename or a new entry in it survives a power loss."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems do not support fsync on directories
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    """fsync every file under root, then every directory (deepest first)."""
-    dirs = []
-    for dirpath, _, files in os.walk(root):
-        dirs.append(Path(dirpath))
-        for f in files:
-            fsync_file(Path(dirpath) / f)
-    for d in reversed(dirs):
-        fsync_dir(d)
-
-
-def write_text_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 @contextmanager

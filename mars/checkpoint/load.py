@@ -25,6 +25,7 @@ from mars.checkpoint.layout import (
     read_meta,
 )
 from mars.checkpoint.state import load_train_state
+from mars.checks import get
 
 MODEL_PREFIX = "model."
 
@@ -59,19 +60,15 @@ def check_model_shape(step_dir: str | os.PathLike, model_cfg: Any) -> None:
             f"{ours}: resume it with a model={theirs}_* preset, or start a new run dir"
         )
     diffs = [
-        f"{k}={saved[k]} (config: {_get(model_cfg, k)})"
+        f"{k}={saved[k]} (config: {get(model_cfg, k)})"
         for k in spec_for(model_cfg).shape_keys
-        if k in saved and saved[k] != _get(model_cfg, k)
+        if k in saved and saved[k] != get(model_cfg, k)
     ]
     if diffs:
         raise CheckpointMismatchError(
             f"checkpoint {step_dir} holds a different model: {', '.join(diffs)}; resume it with the same "
             "model settings, or start a new run dir"
         )
-
-
-def _get(cfg: Any, key: str) -> Any:
-    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key)
 
 
 def verify_checkpoint(step_dir: str | os.PathLike) -> dict:

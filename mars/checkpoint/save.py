@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from mars.checkpoint import checksums
 from mars.checkpoint import sharded as sharded_io
-from mars.checkpoint.files import disk_full_as_error, fsync_dir, fsync_tree, write_text_synced
+from mars.checkpoint.files import disk_full_as_error
 from mars.checkpoint.layout import (
     CHECKSUMS,
     CKPT_DIR,
@@ -36,6 +36,7 @@ from mars.checkpoint.layout import (
     read_meta,
     step_dirname,
 )
+from mars.files import fsync_dir, fsync_file, fsync_tree
 
 
 def _distributed() -> bool:
@@ -150,7 +151,8 @@ def save_checkpoint(
                 full_meta = {**meta, "step": step, "format": "sharded" if collective else "full"}
                 full_meta["healthy"] = bool(healthy)
                 full_meta["checksums"] = checksums.ALGORITHM
-                write_text_synced(tmp / META, json.dumps(full_meta, indent=2) + "\n")  # marks it complete
+                (tmp / META).write_text(json.dumps(full_meta, indent=2) + "\n", encoding="utf-8")
+                fsync_file(tmp / META)  # it marks the directory complete
                 fsync_dir(tmp)
                 _install(tmp, final, root)
         except Exception as e:  # noqa: BLE001

@@ -49,20 +49,16 @@ class DataConfig:
 def check_values(cfg: Any) -> None:
     """The data.* values that cannot work, each a DataConfigError naming the key (cheap: reads no files;
     what needs the files, e.g. data.paths, is checked when the source is opened)."""
+    from mars.checks import at_least, choice, get, reported_as
     from mars.data.errors import DataConfigError
     from mars.data.sources import _SAMPLE_BY, FORMATS, SOURCES
 
-    def get(key: str) -> Any:
-        return cfg[key] if isinstance(cfg, dict) else getattr(cfg, key)
-
-    for key, allowed in (("name", SOURCES), ("verify", VERIFY_LEVELS), ("text_sample_by", _SAMPLE_BY)):
-        if get(key) not in allowed:
-            raise DataConfigError(f"data.{key}={get(key)!r} is not one of {', '.join(allowed)}")
-    if get("format") is not None and get("format") not in FORMATS:
-        raise DataConfigError(f"data.format={get('format')!r} is not one of {', '.join(FORMATS)} (or null)")
-    for key, minimum in (("val_tokens", 0), ("shard_tokens", 1), ("num_workers", 1)):
-        if get(key) < minimum:
-            raise DataConfigError(f"data.{key}={get(key)} must be >= {minimum}")
-    budget = get("token_budget")
-    if budget is not None and budget < 1:
-        raise DataConfigError(f"data.token_budget={budget} must be >= 1 (or null: no budget)")
+    with reported_as(DataConfigError):
+        for key, allowed in (("name", SOURCES), ("verify", VERIFY_LEVELS), ("text_sample_by", _SAMPLE_BY)):
+            choice(f"data.{key}", get(cfg, key), allowed)
+        if get(cfg, "format") is not None:
+            choice("data.format", get(cfg, "format"), FORMATS, " (or null)")
+        for key, minimum in (("val_tokens", 0), ("shard_tokens", 1), ("num_workers", 1)):
+            at_least(f"data.{key}", get(cfg, key), minimum)
+        if get(cfg, "token_budget") is not None:
+            at_least("data.token_budget", get(cfg, "token_budget"), 1, " (or null: no budget)")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from mars.data.errors import ManifestError
-from mars.data.layout import DTYPE, read_json, write_json_atomic
+from mars.data.layout import DTYPE, read_json, write_json
 
 VERIFIED = ".verified.json"
 HASH_CHUNK = 1 << 23  # tokens per read while hashing (16 MiB)
@@ -133,7 +133,7 @@ class VerifiedCache:
     def save(self) -> None:
         if self.enabled and self.dirty:
             try:
-                write_json_atomic(self.path, self.entries)
+                write_json(self.path, self.entries)
             except OSError:  # a read-only dataset directory: verification simply is not cached
                 pass
             self.dirty = False

@@ -27,6 +27,7 @@ from mars.data.config import GPT2_TOKENIZER as GPT2
 from mars.data.config import DataConfig
 from mars.data.errors import ManifestError, SourceError
 from mars.entry import hydra_value as _hydra_value
+from mars.files import write_atomic
 
 FORMAT_VERSION = 1
 DTYPE = "uint16"  # GPT-2's (and any vocabulary up to 65536 tokens); larger vocabularies get uint32 shards
@@ -35,7 +36,7 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 SPLITS = ("val", "train")
 SHARD_RE = re.compile(r"^(train|val)_\d{6}\.bin$")
-TMP_RE = re.compile(r"^\.(train|val)_\d{6}\.bin\.tmp-\d+$")
+TMP_RE = re.compile(r"^\.(train|val)_\d{6}\.bin\.tmp-\d+$")  # a shard's mars.files.temp_name
 # Config keys that decide which documents are read (a mismatch means a different dataset) and
 # keys that only decide how many tokens go where.
 IDENTITY_KEYS = (
@@ -214,14 +215,9 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """A dataset's JSON file (manifest, progress, verification cache), atomically and durably."""
+    write_atomic(path, json.dumps(data, indent=1) + "\n", fsync=True)
 
 
 @contextlib.contextmanager

@@ -7,8 +7,6 @@ writer in mars.data.writer, the document sources in mars.data.sources.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +28,7 @@ from mars.data.layout import (
     requested_config,
 )
 from mars.data.writer import repair_shards, summary, write_shards
+from mars.files import nearest_existing, try_create_dir_in
 
 __all__ = ["check_ready", "dataset_dir", "ensure_prepared", "prepare", "prepare_command"]
 
@@ -179,13 +178,9 @@ def check_ready(cfg: DataConfig) -> None:
         )
         if refusal is not None:
             raise refusal
-    base = out
-    while not base.exists() and base != base.parent:
-        base = base.parent
+    base = nearest_existing(out)
     try:
-        if not base.is_dir():
-            raise NotADirectoryError(20, "Not a directory", str(base))
-        os.rmdir(tempfile.mkdtemp(prefix=".mars-write-test-", dir=base))
+        try_create_dir_in(base)
     except OSError as e:
         raise DataError(
             f"data.root={cfg.root}: the embedded corpus is prepared on first use into {out}, but "

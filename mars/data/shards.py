@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from mars.data.config import DataConfig
+from mars.checks import choice, reported_as
+from mars.data.config import VERIFY_LEVELS, DataConfig
 from mars.data.errors import DamagedShardError, ManifestError, ShardError
 from mars.data.integrity import VERIFIED, VerifiedCache, check_shard_file
 from mars.data.layout import (
@@ -134,8 +135,8 @@ def open_dir(
     ``cfg``, the config it was prepared from, makes the advice on a damaged shard name the exact
     prepare command; without it the command is rebuilt from the manifest's record.
     """
-    if verify not in ("cached", "full"):
-        raise ManifestError(f"data.verify={verify!r} is not one of cached, full")
+    with reported_as(ManifestError):
+        choice("data.verify", verify, VERIFY_LEVELS)
     directory = Path(directory)
     manifest = read_manifest(directory)
     cache = VerifiedCache(directory, enabled=verify == "cached")

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from mars.checks import choice, reported_as
 from mars.data.config import DataConfig
 from mars.data.errors import SourceError
 
@@ -736,8 +737,8 @@ def get_source(cfg: DataConfig) -> Source:
     if name == "local":
         files = resolve_paths(list(cfg.paths))
         if cfg.format is not None:
-            if cfg.format not in FORMATS:
-                raise SourceError(f"data.format={cfg.format!r} is not one of text, jsonl, parquet")
+            with reported_as(SourceError):
+                choice("data.format", cfg.format, FORMATS)
             fmt = cfg.format
         else:
             formats = {f: infer_format(f) for f in files}
@@ -747,10 +748,8 @@ def get_source(cfg: DataConfig) -> Source:
                     f"data.paths mixes formats: {listing}. Prepare each format into its own data.dir."
                 )
             fmt = next(iter(formats.values()))
-        if cfg.text_sample_by not in _SAMPLE_BY:
-            raise SourceError(
-                f"data.text_sample_by={cfg.text_sample_by!r} is not one of {', '.join(_SAMPLE_BY)}"
-            )
+        with reported_as(SourceError):
+            choice("data.text_sample_by", cfg.text_sample_by, _SAMPLE_BY)
         source = LocalSource(
             list(cfg.paths),
             files,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing as mp
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -44,10 +43,11 @@ from mars.data.layout import (
     TMP_RE,
     config_differences,
     read_json,
-    write_json_atomic,
+    write_json,
 )
 from mars.data.sources import SKIP_EXAMPLES, SkipLog, Source
 from mars.data.tokenizer import GPT2, encode_batch, tokenizer_info
+from mars.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +135,6 @@ class SkipLedger:
             if len(self.examples) < SKIP_EXAMPLES:
                 self.examples.append({"document": bad.index, "where": bad.where, "problem": bad.problem})
         return self.count
-
-
-def _write_atomic(path: Path, data: np.ndarray) -> None:
-    """Write ``data`` to ``path`` via a fsync'ed temporary file: a shard is whole under its name or absent."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(memoryview(data))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class ShardWriter:
@@ -253,11 +243,11 @@ class ShardWriter:
                     f"documents changed since it was prepared; {self.hint}"
                 )
             if self.next in self.rewrite:
-                _write_atomic(self.directory / name, data)
+                write_atomic(self.directory / name, memoryview(data), fsync=True)  # whole or absent
                 self.rebuilt.append(name)
                 self.report(f"repaired {self.directory / name} ({self.rewrite[self.next]})")
         else:
-            _write_atomic(self.directory / name, data)
+            write_atomic(self.directory / name, memoryview(data), fsync=True)  # whole or absent
             self.records.append(
                 {
                     "split": split,
@@ -270,7 +260,7 @@ class ShardWriter:
                 }
             )
             self.progress["skipped_examples"] = self.ledger.examples
-            write_json_atomic(self.directory / PROGRESS, self.progress)
+            write_json(self.directory / PROGRESS, self.progress)
         self.next += 1
         self.tokens[split] += tokens
         self.count[split] += 1
@@ -496,7 +486,7 @@ def write_shards(
             for s in SPLITS
         },
     }
-    write_json_atomic(directory / MANIFEST, manifest)
+    write_json(directory / MANIFEST, manifest)
     new_tokens = manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"] - before
     print(
         f"{summary(directory, manifest)}; {new_tokens:,} tokens tokenized in {elapsed:.1f} s "

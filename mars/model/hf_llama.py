@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from mars.files import write_atomic
 from mars.model.io import unwrap_model
 from mars.model.llama import Llama, LlamaConfig, head_dim, kv_heads, mlp_hidden
 
@@ -180,4 +181,4 @@ def finish_export(out_dir: str | Path, model: Llama) -> None:
     params.setdefault("rope_type", "default")
     params["rope_theta"] = theta
     data["rope_parameters"] = params
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mars.checkpoint.layout import MODEL_CONFIG, MODEL_WEIGHTS, CheckpointError, read_json_object
+from mars.files import write_atomic
 from mars.model.spec import DEFAULT_ARCH, ModelSpec, arch, model_config, spec_of
 
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DistributedDataParallel
@@ -59,18 +60,12 @@ def tied_aliases(model: nn.Module) -> dict[str, str]:
     return spec_of(inner).tied(inner.config)
 
 
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def save_model_config(model: nn.Module, dir: str | os.PathLike) -> Path:
     """Write dir/model.json (the model config, with its arch); returns the directory."""
     out = Path(dir)
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(dataclasses.asdict(_model(model).config), indent=2) + "\n"
-    _write_atomic(out / MODEL_CONFIG, lambda p: p.write_text(text, encoding="utf-8"))
+    write_atomic(out / MODEL_CONFIG, text)
     return out
 
 
@@ -81,7 +76,7 @@ def save_model(model: nn.Module, dir: str | os.PathLike) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     aliases = tied_aliases(inner)
     tensors = {k: v.detach().cpu().contiguous() for k, v in inner.state_dict().items() if k not in aliases}
-    _write_atomic(out / MODEL_WEIGHTS, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+    write_atomic(out / MODEL_WEIGHTS, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     return save_model_config(inner, out)
 
 

@@ -16,7 +16,6 @@ FSDP2's ``to_empty``) or finds them cast away from float32 (``model.to(torch.bfl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mars.model.gpt import _normal_
+from mars.checks import above, at_least, multiple_of
+from mars.model.lm import CausalLM, normal_, token_loss
 from mars.model.spec import ModelSpec, register_arch, roles_by_name
 
 
@@ -70,10 +70,8 @@ def mlp_hidden(c: Any) -> int:
 def validate_config(c: LlamaConfig) -> None:
     """One ValueError per value that cannot build the model, naming the key and the fix."""
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "multiple_of"):
-        if getattr(c, key) < 1:
-            raise ValueError(f"model.{key}={getattr(c, key)} must be >= 1")
-    if c.n_embd % c.n_head:
-        raise ValueError(f"model.n_embd={c.n_embd} must be a multiple of model.n_head={c.n_head}")
+        at_least(f"model.{key}", getattr(c, key), 1)
+    multiple_of("model.n_embd", c.n_embd, "model.n_head", c.n_head)
     if head_dim(c) % 2:
         raise ValueError(
             f"model.n_embd / model.n_head = {c.n_embd} / {c.n_head} = {head_dim(c)} is odd: rotary "
@@ -89,10 +87,8 @@ def validate_config(c: LlamaConfig) -> None:
             f"model.mlp_hidden={c.mlp_hidden} must be positive: set the SwiGLU width, or null for the "
             "8/3 rule"
         )
-    if not c.norm_eps > 0:
-        raise ValueError(f"model.norm_eps={c.norm_eps} must be > 0")
-    if not c.rope_theta > 0:
-        raise ValueError(f"model.rope_theta={c.rope_theta} must be > 0")
+    above("model.norm_eps", c.norm_eps)
+    above("model.rope_theta", c.rope_theta)
 
 
 class RMSNorm(nn.Module):
@@ -179,7 +175,7 @@ class Block(nn.Module):
 RESIDUAL_PROJECTIONS = ("self_attn.o_proj", "mlp.down_proj")
 
 
-class Llama(nn.Module):
+class Llama(CausalLM):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         validate_config(config)
@@ -198,26 +194,10 @@ class Llama(nn.Module):
         self.reset_rope()
         self.init_weights()
 
-    @classmethod
-    def empty(
-        cls,
-        config: LlamaConfig,
-        device: str | torch.device,
-        dtype: torch.dtype | None = None,
-        on_meta: Callable[[Llama], None] | None = None,
-    ) -> Llama:
-        """The model with its weights allocated on ``device`` (in ``dtype``) but not set, its rotary
-        tables computed there in float32; ``on_meta(model)`` runs first, on the meta device (FSDP2)."""
-        with torch.device("meta"):
-            model = cls(config)
-        if on_meta is not None:
-            on_meta(model)
-        if dtype is not None:
-            model.to(dtype=dtype)
-        model.to_empty(device=device)
-        model.tie_weights()
-        model.reset_rope()
-        return model
+    def materialised(self) -> None:
+        """After ``to_empty`` (``empty``): tie the weights again, compute the rotary tables in float32."""
+        self.tie_weights()
+        self.reset_rope()
 
     def tie_weights(self) -> None:
         """With tie_embeddings, make lm_head use the token embedding matrix (again after ``to_empty``)."""
@@ -238,11 +218,11 @@ class Llama(nn.Module):
             if module is self.lm_head and self.config.tie_embeddings:
                 continue  # the embedding matrix, drawn once as an Embedding
             if isinstance(module, nn.Linear):
-                _normal_(
+                normal_(
                     module.weight, residual_std if name.endswith(RESIDUAL_PROJECTIONS) else 0.02, generator
                 )
             elif isinstance(module, nn.Embedding):
-                _normal_(module.weight, 0.02, generator)
+                normal_(module.weight, 0.02, generator)
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
 
@@ -260,10 +240,10 @@ class Llama(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx, targets: int64 (B, T) token ids, T <= block_size; targets of -1 are ignored. Returns the
-        logits (B, T, vocab_size) and the mean token cross-entropy in fp32 (None without targets)."""
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
+        logits (B, T, vocab_size) and the mean token cross-entropy in fp32, or fp64 for a float64 model
+        (None without targets)."""
+        self.check_length(idx)
+        T = idx.shape[1]
         if self.rope_cos.dtype != torch.float32:  # the model was cast (e.g. .to(bfloat16)): recompute
             self.reset_rope()
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
@@ -271,12 +251,7 @@ class Llama(nn.Module):
         for block in self.model.layers:
             x = block(x, cos, sin)
         logits = self.lm_head(self.model.norm(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
-        return logits, loss
+        return logits, None if targets is None else token_loss(logits, targets)
 
 
 # ----------------------------------------------------------------------------- counts and FLOPs

@@ -69,6 +69,15 @@ def compose_config(overrides: list[str] | None = None, config_name: str = CONFIG
         return compose(config_name=config_name, overrides=list(overrides or []))
 
 
+def _chain_text(e: BaseException | None, depth: int = 5) -> str:
+    """The messages of `e` and the exceptions it came from (Hydra wraps OmegaConf's), one a line."""
+    texts = []
+    while e is not None and len(texts) < depth:
+        texts.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(texts)
+
+
 _FOREIGN_KEY = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<cls>\w+)'\s+full_key: optimizer\.")
 
 
@@ -77,11 +86,7 @@ def optimizer_key_error(e: BaseException) -> str | None:
     keys it does take (None for any other error)."""
     from mars.optim import optimizer_names, registered
 
-    texts = []
-    while e is not None and len(texts) < 5:
-        texts.append(str(e))
-        e = e.__cause__ or e.__context__
-    text = "\n".join(texts)
+    text = _chain_text(e)
     m = _FOREIGN_KEY.search(text)
     if m is None:
         return None
@@ -102,11 +107,7 @@ def model_key_error(e: BaseException) -> str | None:
     the key, the architecture and the keys it does take (None for any other error)."""
     from mars.model.spec import arch, arch_names
 
-    texts = []
-    while e is not None and len(texts) < 5:
-        texts.append(str(e))
-        e = e.__cause__ or e.__context__
-    m = _FOREIGN_MODEL_KEY.search("\n".join(texts))
+    m = _FOREIGN_MODEL_KEY.search(_chain_text(e))
     name = m and next((n for n in arch_names() if arch(n).config.__name__ == m["cls"]), None)
     if not name:
         return None

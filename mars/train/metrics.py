@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from mars.files import write_atomic
 from mars.metrics_jsonl import METRICS_FILE, encode_line, jsonable, read_metrics
 
 __all__ = ["METRICS_FILE", "Metrics", "MetricsFile", "Progress", "WandbLogger", "read_metrics", "wandb_mode"]
@@ -30,7 +31,7 @@ class MetricsFile:
         if not self.path.exists():
             return
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]  # a torn last line goes too
-        self.path.write_text("".join(encode_line(r) for r in kept))
+        write_atomic(self.path, "".join(encode_line(r) for r in kept))  # a crash here keeps the old file
 
     def write(self, record: dict) -> None:
         if self._f is None:

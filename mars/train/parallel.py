@@ -15,6 +15,9 @@ generator (the model's init_weights), so the weights are the same whatever the l
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -50,3 +53,18 @@ def parallelize(model: nn.Module, mesh, *, mixed_precision: bool, compile_blocks
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(blocks) - 1)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def fsdp_sharder(
+    mesh, *, mixed_precision: bool, compile_blocks: bool = False
+) -> Callable[[nn.Module], nn.Module]:
+    """`parallelize` on `mesh` with these settings, as the function build_model applies to the model on
+    the meta device."""
+    return partial(parallelize, mesh=mesh, mixed_precision=mixed_precision, compile_blocks=compile_blocks)
+
+
+def replicate(model: nn.Module, device: torch.device) -> nn.Module:
+    """`model` under DDP over the process group's ranks (each holds all of it; gradients all-reduced)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

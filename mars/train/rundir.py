@@ -31,6 +31,7 @@ from pathlib import Path
 
 import mars.checkpoint as ckpt
 from mars.entry import hydra_value
+from mars.files import nearest_existing, try_create_dir_in
 from mars.train.config import ConfigError
 from mars.train.metrics import METRICS_FILE
 from mars.train.resume import check_resume_config
@@ -239,23 +240,16 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
     return chosen
 
 
-def nearest_existing(path: Path) -> Path:
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
 def check_output_dir_writable(path_text: str, key: str) -> None:
-    """Before Hydra creates the run dir: a directory can be made where it goes (tried, then removed,
-    since permission bits say nothing for root or a read-only mount)."""
+    """Before Hydra creates the run dir: a directory can be made where it goes (tried: try_create_dir_in)."""
     literal = path_text.split("${", 1)[0] or "."
     target = Path(literal).expanduser()
     base = nearest_existing(target if target.is_absolute() else Path.cwd() / target)
-    if not base.is_dir():
-        raise ConfigError(f"{key}={path_text}: {base} is a file, not a directory; choose another {key}")
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".mars-write-test-", dir=base))
+        try_create_dir_in(base)
+    except NotADirectoryError:
+        message = f"{key}={path_text}: {base} is a file, not a directory; choose another {key}"
+        raise ConfigError(message) from None
     except OSError as e:
         raise ConfigError(
             f"{key}={path_text}: cannot create directories in {base} ({e.strerror or e}); "

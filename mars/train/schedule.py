@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from mars.checks import choice, fraction, reported_as
 from mars.train.config import SCHEDULES, ConfigError
 
 
@@ -33,10 +34,9 @@ class LRSchedule:
         min_factor: float = 0.0,
         decay_fraction: float = 0.2,
     ):
-        if name not in SCHEDULES:
-            raise ConfigError(f"schedule.name={name!r} is not one of {', '.join(SCHEDULES)}")
-        if not 0.0 <= min_factor <= 1.0:
-            raise ConfigError(f"schedule.min_lr / optimizer.lr = {min_factor} must lie in [0, 1]")
+        with reported_as(ConfigError):
+            choice("schedule.name", name, SCHEDULES)
+            fraction("schedule.min_lr / optimizer.lr", min_factor, closed=True)
         self.name = name
         self.warmup_steps = int(warmup_steps)
         self.decay_steps = max(int(decay_steps), self.warmup_steps + 1)

@@ -180,7 +180,7 @@ def test_full_disk_removes_the_partial_copy_and_keeps_the_previous(tmp_path, mon
 
 
 def test_files_are_fsynced_before_the_marker_and_the_dir_after_the_rename(tmp_path, monkeypatch):
-    import mars.checkpoint.files as files
+    import mars.files as files
 
     events = []
     real_fsync = files.os.fsync

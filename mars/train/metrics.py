@@ -48,10 +48,13 @@ def register_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
 
 
 def logged_metrics(model, optimizer) -> dict[str, float]:
-    """The registered metrics' values now, as floats, in registration order."""
+    """The registered metrics' values now, as floats, in registration order (computed without autograd)."""
+    import torch
+
     out: dict[str, float] = {}
     for name, fn in _REGISTERED.items():
-        value = fn(model, optimizer)
+        with torch.no_grad():
+            value = fn(model, optimizer)
         items = value.items() if isinstance(value, dict) else [(None, value)]
         for key, v in items:
             out[name if key is None else f"{name}/{key}"] = float(v.item() if hasattr(v, "item") else v)

@@ -145,6 +145,12 @@ def check_hydra_command(config_dir: str | Path, config_name: str, argv: list[str
     ``check(cfg)``: raise UsageError with one line for any problem, before Hydra starts."""
     from hydra import compose, initialize_config_dir
 
+    from mars.plugins import PluginError, load_plugins
+
+    try:
+        load_plugins()
+    except PluginError as e:
+        raise UsageError(str(e)) from None
     args = hydra_args(argv)
     if args is None:
         return

@@ -117,11 +117,15 @@ def register_arch(spec: ModelSpec) -> ModelSpec:
 
 
 def _load() -> None:
+    """Import the built-in architectures, then the plugins (mars.plugins), which may register more."""
     global _loaded
     if not _loaded:
         _loaded = True
         for module in ARCH_MODULES:
             importlib.import_module(module)
+        from mars.plugins import load_plugins
+
+        load_plugins()
 
 
 def arch_names() -> tuple[str, ...]:

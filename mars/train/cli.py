@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
 import sys
 from contextlib import ExitStack
@@ -41,7 +40,8 @@ from mars.entry import (
     resolve_all,
     sweep_combinations,
 )
-from mars.train.config import ConfigError, register_configs, validate
+from mars.plugins import PluginError
+from mars.train.config import ConfigError, config_dir, register_configs, validate
 from mars.train.distributed import adopt_slurm_env, env_rank, env_world_size, launched_distributed
 
 log = logging.getLogger("mars.train")
@@ -50,14 +50,6 @@ CONFIG_NAME = "config"
 MAX_PRECHECKED_JOBS = 256
 
 __all__ = ["compose_config", "config_dir", "main", "one_line", "precheck", "run"]
-
-
-def config_dir() -> str:
-    """The repository's configs/ (absolute, so `python train.py` and `mars-train` both find it)."""
-    env = os.environ.get("MARS_CONFIG_DIR")
-    if env:
-        return str(Path(env).resolve())
-    return str(Path(__file__).resolve().parents[2] / "configs")
 
 
 def compose_config(overrides: list[str] | None = None, config_name: str = CONFIG_NAME) -> DictConfig:
@@ -362,7 +354,10 @@ def main() -> None:
     import hydra
 
     try:
-        register_configs()
+        try:
+            register_configs()
+        except PluginError as e:
+            _fail(str(e), EXIT_USAGE)
         adopt_slurm_env()  # `srun python train.py`: know this task's rank before choosing who writes
         if not Path(config_dir(), f"{CONFIG_NAME}.yaml").is_file():
             _fail(

@@ -7,7 +7,9 @@ fails when Hydra composes the config, before any data is read or a process group
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -123,20 +125,39 @@ SCHEMA_GROUP = "schema/optimizer"
 MODEL_SCHEMA_GROUP = "schema/model"
 
 
+def config_dir() -> str:
+    """The repository's configs/ (absolute, so `python train.py` and `mars-train` both find it), or
+    $MARS_CONFIG_DIR."""
+    env = os.environ.get("MARS_CONFIG_DIR")
+    if env:
+        return str(Path(env).resolve())
+    return str(Path(__file__).resolve().parents[2] / "configs")
+
+
 def register_configs() -> None:
-    """Store the schema as `base_config` (the first entry of configs/config.yaml's defaults), each
-    registered optimizer's config dataclass as schema/optimizer/NAME, which configs/optimizer/NAME.yaml
-    extends, and each architecture's as schema/model/ARCH, which configs/model/*.yaml extend: a key that
-    optimizer or architecture does not take then fails when the config is composed."""
+    """Load the plugins (mars.plugins), then store the schema as `base_config` (the first entry of
+    configs/config.yaml's defaults), each registered optimizer's config dataclass as schema/optimizer/NAME,
+    which configs/optimizer/NAME.yaml extends, and each architecture's as schema/model/ARCH, which
+    configs/model/*.yaml extend: a key that optimizer or architecture does not take then fails when the
+    config is composed. An optimizer or architecture with no YAML file (one a plugin registered) is also
+    stored as the option optimizer=NAME / model=ARCH, with its config dataclass's defaults."""
     from mars.model.spec import arch, arch_names
     from mars.optim import optimizer_names, registered
+    from mars.plugins import load_plugins
 
+    load_plugins()
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
+    configs = Path(config_dir())
+    presets = "\n".join(f.read_text(encoding="utf-8") for f in sorted(configs.glob("model/*.yaml")))
     for name in optimizer_names():
         store.store(group=SCHEMA_GROUP, name=name, node=registered(name).config)
+        if not (configs / "optimizer" / f"{name}.yaml").is_file():
+            store.store(group="optimizer", name=name, node=registered(name).config)
     for name in arch_names():
         store.store(group=MODEL_SCHEMA_GROUP, name=name, node=arch(name).config)
+        if f"{MODEL_SCHEMA_GROUP}/{name}@" not in presets:
+            store.store(group="model", name=name, node=arch(name).config)
 
 
 # keys whose value must be a number at least this large, and keys with a fixed set of values

@@ -9,14 +9,56 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mars.files import write_atomic
 from mars.metrics_jsonl import METRICS_FILE, encode_line, jsonable, read_metrics
 
-__all__ = ["METRICS_FILE", "Metrics", "MetricsFile", "Progress", "WandbLogger", "read_metrics", "wandb_mode"]
+__all__ = [
+    "METRICS_FILE",
+    "Metrics",
+    "MetricsFile",
+    "Progress",
+    "WandbLogger",
+    "logged_metrics",
+    "read_metrics",
+    "register_metric",
+    "wandb_mode",
+]
 
 log = logging.getLogger(__name__)
+
+# name -> fn(model, optimizer): the metrics a researcher adds to every training log line
+_REGISTERED: dict[str, Callable[[Any, Any], Any]] = {}
+
+
+def register_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
+    """Log ``fn(model, optimizer)`` on every training line of metrics.jsonl (and wandb) as ``name``; a
+    dict it returns is logged as ``name/KEY`` per entry. ``model`` is the bare model (no DDP / compile
+    wrapper; FSDP2 parameters are DTensors), ``optimizer`` the run's optimizer, both after the step of
+    the log line. It runs on every rank at log steps (so it may use collectives), and rank 0's values
+    are written; each value is read to the host there, so keep it cheap. Report, plots and the sweep
+    summary then take the key with --metric (its direction: mars.analysis.metric). Registering a name
+    again replaces the function."""
+    if not name or name != name.strip() or name.startswith("/") or name.endswith("/"):
+        raise ValueError(f"register_metric: {name!r} is not a metrics.jsonl key (e.g. 'weights/norm')")
+    _REGISTERED[name] = fn
+
+
+def logged_metrics(model, optimizer) -> dict[str, float]:
+    """The registered metrics' values now, as floats, in registration order (computed without autograd)."""
+    import torch
+
+    out: dict[str, float] = {}
+    for name, fn in _REGISTERED.items():
+        with torch.no_grad():
+            value = fn(model, optimizer)
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, v in items:
+            out[name if key is None else f"{name}/{key}"] = float(v.item() if hasattr(v, "item") else v)
+    return out
 
 
 class MetricsFile:

@@ -32,7 +32,7 @@ import mars.checkpoint as ckpt
 from mars.train.config import Config, global_batch_size
 from mars.train.distributed import DistInfo, all_reduce_sum, barrier
 from mars.train.health import HealthMonitor
-from mars.train.metrics import Metrics, MetricsFile, Progress
+from mars.train.metrics import Metrics, MetricsFile, Progress, logged_metrics
 from mars.train.resume import load_optimizer_state
 from mars.train.rundir import resume_command
 from mars.train.schedule import GammaSchedule, LRSchedule
@@ -569,6 +569,7 @@ class Trainer:
             record["gamma"] = float(self.optimizer.param_groups[0]["gamma"])  # the value it used
         if getattr(self.optimizer, "diagnostics", False) and self.dist.is_main:
             record.update(self.optimizer.read_diagnostics())  # the one read of the device-side sums
+        record.update(logged_metrics(self.raw_model, self.optimizer))  # mars.train.metrics.register_metric
         from mars.model.flops import mfu
         from mars.model.spec import spec_for
 

@@ -38,6 +38,9 @@ def _load_builtins() -> None:
     if not _builtins_loaded:
         _builtins_loaded = True  # first: the module registers through register_source while it loads
         importlib.import_module(_BUILTINS)
+        from mars.plugins import load_plugins
+
+        load_plugins()  # sources registered by MARS_PLUGINS modules or installed mars.plugins entry points
 
 
 def register_source(name: str, source: Any = None) -> Any:
@@ -138,3 +141,18 @@ def source_class(name: Any, hf_path: str | None = None) -> type[Source]:
 def get_source(cfg: DataConfig) -> Source:
     """The document source ``cfg.name`` selects, built and checked before any work is done."""
     return source_class(cfg.name, cfg.hf_path).from_config(cfg)
+
+
+def store_config_options(configs_dir: Any) -> None:
+    """Make ``data=NAME`` selectable for each registered source with no configs/data/NAME.yaml (one a
+    plugin registered): stored in Hydra's ConfigStore as the data defaults with ``name: NAME``."""
+    from pathlib import Path
+
+    from hydra.core.config_store import ConfigStore
+
+    from mars.data.config import DataConfig
+
+    store = ConfigStore.instance()
+    for name in source_names():
+        if not (Path(configs_dir) / "data" / f"{name}.yaml").is_file():
+            store.store(group="data", name=name, node=DataConfig(name=name))

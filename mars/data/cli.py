@@ -66,6 +66,7 @@ def main() -> None:
     from mars.data.errors import DataConfigError
     from mars.entry import EXIT_USAGE, UsageError, check_hydra_command
     from mars.entry import fail as fail_with
+    from mars.plugins import PluginError
 
     if not (CONFIG_DIR / "prepare.yaml").is_file():
         fail_with(
@@ -74,8 +75,11 @@ def main() -> None:
             EXIT_USAGE,
         )
     try:
+        from mars.data.registry import store_config_options
+
+        store_config_options(CONFIG_DIR)  # data=NAME for a source a plugin registered without a YAML
         check_hydra_command(CONFIG_DIR, "prepare", sys.argv[1:], check=_check)
-    except (UsageError, DataConfigError) as e:
+    except (UsageError, DataConfigError, PluginError) as e:
         fail_with(str(e), EXIT_USAGE)
     hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="prepare")(run)()
 

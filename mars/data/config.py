@@ -12,7 +12,8 @@ GPT2_TOKENIZER = "gpt2"
 
 @dataclass
 class DataConfig:
-    # source: embedded | openwebtext | fineweb_edu | local
+    # source: embedded | openwebtext | fineweb_edu | local | a registered one (mars.data.register_source);
+    # any other name given with hf_path is that Hugging Face dataset, prepared into {root}/{name}
     name: str = "embedded"
     # gpt2 (offline, exact), or a Hugging Face tokenizer: a directory holding tokenizer.json /
     # tokenizer_config.json, or a hub name (needs internet). Not gpt2: shards go to {root}/{name}-{tokenizer}
@@ -50,11 +51,16 @@ def check_values(cfg: Any) -> None:
     """The data.* values that cannot work, each a DataConfigError naming the key (cheap: reads no files;
     what needs the files, e.g. data.paths, is checked when the source is opened)."""
     from mars.checks import at_least, choice, get, reported_as
-    from mars.data.errors import DataConfigError
-    from mars.data.sources import _SAMPLE_BY, FORMATS, SOURCES
+    from mars.data.errors import DataConfigError, SourceError
+    from mars.data.registry import source_class
+    from mars.data.sources import _SAMPLE_BY, FORMATS
 
+    try:  # a registered source, or any name with data.hf_path (a Hugging Face dataset)
+        source_class(get(cfg, "name"), get(cfg, "hf_path"))
+    except SourceError as e:
+        raise DataConfigError(str(e)) from None
     with reported_as(DataConfigError):
-        for key, allowed in (("name", SOURCES), ("verify", VERIFY_LEVELS), ("text_sample_by", _SAMPLE_BY)):
+        for key, allowed in (("verify", VERIFY_LEVELS), ("text_sample_by", _SAMPLE_BY)):
             choice(f"data.{key}", get(cfg, key), allowed)
         if get(cfg, "format") is not None:
             choice("data.format", get(cfg, "format"), FORMATS, " (or null)")

@@ -98,27 +98,12 @@ def dataset_dir(cfg: DataConfig) -> Path:
 
 
 def requested_config(cfg: DataConfig) -> dict[str, Any]:
-    """What ``cfg`` asks to be prepared, in the form the manifest records it under "config"."""
+    """What ``cfg`` asks to be prepared, in the form the manifest records it under "config": the name,
+    what its source class records (``Source.requested``), the tokenizer when not GPT-2's, the sizes."""
     cfg = as_data_config(cfg)
-    from mars.data.embedded import python_version
-    from mars.data.sources import HF_DEFAULTS
+    from mars.data.registry import source_class
 
-    out: dict[str, Any] = {"name": cfg.name}
-    if cfg.name == "embedded":
-        out.update(python=python_version(), seed=cfg.seed)
-    elif cfg.name in HF_DEFAULTS:
-        defaults = HF_DEFAULTS[cfg.name]
-        out.update(
-            hf_path=cfg.hf_path or defaults["hf_path"],
-            hf_config=cfg.hf_config or defaults["hf_config"],
-            split=cfg.hf_split,
-            revision=cfg.hf_revision,
-            text_field=cfg.text_field,
-        )
-    else:
-        out.update(paths=[str(p) for p in cfg.paths], format=cfg.format, text_field=cfg.text_field)
-        if cfg.format in (None, "text"):
-            out["sample_by"] = cfg.text_sample_by
+    out: dict[str, Any] = {"name": cfg.name, **source_class(cfg.name, cfg.hf_path).requested(cfg)}
     if cfg.tokenizer != GPT2:
         from mars.data.tokenizer import tokenizer_info
 
@@ -155,6 +140,13 @@ def config_from_manifest(directory: Path, recorded: dict[str, Any]) -> DataConfi
     return cfg
 
 
+def identity_keys(wanted: dict[str, Any]) -> tuple[str, ...]:
+    """The keys of a requested config whose difference means other documents: IDENTITY_KEYS, and any
+    other key a source records about its request (``Source.requested``)."""
+    other = (*IDENTITY_KEYS, *SIZE_KEYS, "skip_bad_documents")
+    return IDENTITY_KEYS + tuple(k for k in wanted if k not in other)
+
+
 def config_differences(recorded: dict[str, Any], wanted: dict[str, Any], keys) -> list[str]:
     return [
         f"{k}: prepared {recorded.get(k)!r}, config {wanted.get(k)!r}"
@@ -186,9 +178,10 @@ def prepare_command(cfg: DataConfig) -> str:
     cfg = as_data_config(cfg)
     defaults = group_defaults(cfg.name)
     group = f"data={cfg.name}" if _group_file(cfg.name) else f"data.name={_hydra_value(cfg.name)}"
-    from mars.data.sources import HF_DEFAULTS
+    from mars.data.registry import find_source
 
-    hf_defaults = HF_DEFAULTS.get(cfg.name, {})
+    source = find_source(cfg.name, cfg.hf_path)
+    hf_defaults = source.config_defaults if source is not None else {}
     overrides = [group]
     for f in dataclasses.fields(DataConfig):
         value = getattr(cfg, f.name)

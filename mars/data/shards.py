@@ -38,7 +38,7 @@ from mars.data.layout import (
     prepare_command,
     read_json,
 )
-from mars.data.prepare import ensure_prepared, prepare
+from mars.data.prepare import ensure_prepared, prepare, prepared_on_first_use
 
 __all__ = ["VERIFIED", "TokenDataset", "open_dataset", "open_dir", "read_manifest"]
 
@@ -174,8 +174,8 @@ def open_dataset(cfg: DataConfig, vocab_size: int = 50304) -> TokenDataset:
     try:
         return open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)
     except DamagedShardError:
-        if cfg.name != "embedded":
+        if not prepared_on_first_use(cfg):
             raise
-        log.warning("the embedded corpus in %s has a missing or damaged shard: rebuilding it", directory)
+        log.warning("the %s corpus in %s has a missing or damaged shard: rebuilding it", cfg.name, directory)
         prepare(cfg)
         return open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)

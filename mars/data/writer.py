@@ -35,13 +35,13 @@ from mars.data.integrity import ShardCheck, VerifiedCache, check_shard_file
 from mars.data.layout import (
     DTYPE,
     FORMAT_VERSION,
-    IDENTITY_KEYS,
     MANIFEST,
     PROGRESS,
     SIZE_KEYS,
     SPLITS,
     TMP_RE,
     config_differences,
+    identity_keys,
     read_json,
     write_json,
 )
@@ -409,7 +409,7 @@ def write_shards(
     cache = VerifiedCache(directory)
     if progress_path.is_file():
         previous = read_json(progress_path)
-        diffs = config_differences(previous.get("config", {}), config, IDENTITY_KEYS + SIZE_KEYS)
+        diffs = config_differences(previous.get("config", {}), config, identity_keys(config) + SIZE_KEYS)
         if diffs:
             raise ManifestError(
                 f"{progress_path}: {directory} holds an unfinished preparation with other settings "

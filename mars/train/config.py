@@ -140,7 +140,9 @@ def register_configs() -> None:
     which configs/optimizer/NAME.yaml extends, and each architecture's as schema/model/ARCH, which
     configs/model/*.yaml extend: a key that optimizer or architecture does not take then fails when the
     config is composed. An optimizer or architecture with no YAML file (one a plugin registered) is also
-    stored as the option optimizer=NAME / model=ARCH, with its config dataclass's defaults."""
+    stored as the option optimizer=NAME / model=ARCH, with its config dataclass's defaults, and a data
+    source with none as data=NAME (the data defaults with data.name=NAME)."""
+    from mars.data.registry import store_config_options
     from mars.model.spec import arch, arch_names
     from mars.optim import optimizer_names, registered
     from mars.plugins import load_plugins
@@ -158,6 +160,7 @@ def register_configs() -> None:
         store.store(group=MODEL_SCHEMA_GROUP, name=name, node=arch(name).config)
         if f"{MODEL_SCHEMA_GROUP}/{name}@" not in presets:
             store.store(group="model", name=name, node=arch(name).config)
+    store_config_options(configs)
 
 
 # keys whose value must be a number at least this large, and keys with a fixed set of values

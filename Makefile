@@ -27,7 +27,7 @@ lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
-# On a CUDA machine: the CUDA tests, benchmarks and environment in one report (gpu_check/ or $OUT).
-# Installs nothing; ARGS="--dry-run" runs it on the CPU with tiny sizes.
+# On a CUDA machine: the CUDA tests and the benchmarks in 8 minutes, one report in gpu_check/ (or $OUT);
+# docs/gpu_check.md. Installs nothing; ARGS=--dry-run runs it on the CPU with tiny sizes (as CI does).
 gpu-check:
-	@PYTHON=$(PYTHON) bash scripts/gpu_check.sh $(ARGS)
+	$(PYTHON) scripts/gpu_check.py $(ARGS)

@@ -1,11 +1,13 @@
-"""MARS harness: the MARS family of variance-reduced optimizers and a GPT-2 pretraining harness.
+"""MARS harness: the MARS family of variance-reduced optimizers and a GPT-2 / LLaMA pretraining harness.
 
 Subpackages, one concern each:
     mars.optim   optimizers (MARS, MARS-M, Lion, Muon, Moonlight) and their parameter grouping
-    mars.model   GPT-2 model family, FLOPs/MFU, Hugging Face interop, model files
+    mars.model   the architectures (GPT-2, LLaMA-style; one spec each), FLOPs/MFU, Hugging Face, model files
     mars.data    tokenizer, dataset sources, token shards, batch loaders
     mars.train   configs, schedules, checkpoints, the DDP training loop
     mars.eval    zero-shot downstream evaluation through lm-evaluation-harness
+    mars.analysis  reports, statistics and figures over run dirs (no torch needed)
+    mars.metrics_jsonl  the metrics.jsonl format: written by mars.train, read by mars.analysis
 """
 
 __version__ = "0.1.0"

@@ -227,12 +227,9 @@ def _rank(rank: int, world: int, args) -> list | None:
     n_layer = args.n_layer or (4 if args.small else 12)
     shard = None
     if args.parallel == "fsdp":
-        from mars.train.parallel import device_mesh, parallelize
+        from mars.train.parallel import device_mesh, fsdp_sharder
 
-        mesh = device_mesh(world, 1, "cpu")
-
-        def shard(m):
-            parallelize(m, mesh, mixed_precision=False)
+        shard = fsdp_sharder(device_mesh(world, 1, "cpu"), mixed_precision=False)
 
     model = _model(n_layer, shard)
     _random_grads(model)

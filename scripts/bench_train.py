@@ -1,12 +1,15 @@
 """Training-step speed of the optimizers in the real training loop (model, loader, clip, step).
 
     python scripts/bench_train.py                                   # gpt2_tiny on the CPU, 10 steps each
+    python scripts/bench_train.py --model llama_tiny                # any configs/model/NAME.yaml
     python scripts/bench_train.py --model gpt2_small --batch-size 16 --steps 30 --json bench.json   # a GPU
 
 Runs the same config with AdamW, MARS-AdamW approximate, MARS-AdamW exact (two forward/backward
 passes per step) and MARS-M, and prints ms/step and tokens/s with ratios to AdamW, plus the two
 targets: approximate MARS >= 0.95x AdamW tokens/s, exact <= 2.1x approximate's step time.
-On CUDA the rows also carry MFU. --json FILE writes the rows (CLI.md: "name", "ms_per_step",
+The rows carry MFU (model FLOPs utilisation, the architecture's FLOPs per token) where the peak is
+known: CUDA devices in mars.model.flops' table, or --peak-flops / $MARS_PEAK_FLOPS (FLOP/s of one
+device; on a CPU there is no table entry). --json FILE writes the rows (CLI.md: "name", "ms_per_step",
 "tokens_per_s", "ratio_to_baseline", "baseline", ...).
 """
 
@@ -40,7 +43,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir: Path, info=None) -> dict:
+def bench_one(
+    name: str, overrides: list[str], steps: int, warmup: int, run_dir: Path, info=None, peak=None
+) -> dict:
     from mars.data import ensure_prepared
     from mars.optim import state_bytes
     from mars.train.cli import compose_config
@@ -73,15 +78,18 @@ def bench_one(name: str, overrides: list[str], steps: int, warmup: int, run_dir:
         "tokens_per_step": trainer.tokens_per_step,
         "steps": steps,
         "device": str(device),
-        "model": f"{cfg.model.n_layer}L/{cfg.model.n_embd}d/T{cfg.model.block_size}",
+        "model": f"{cfg.model.arch} {cfg.model.n_layer}L/{cfg.model.n_embd}d/T{cfg.model.block_size}",
         "parallel": cfg.train.parallel,
         "world_size": info.world_size,
         "optimizer_state_bytes": state_bytes(trainer.optimizer),
     }
-    if device.type == "cuda":
-        from mars.model.flops import flops_per_token, mfu
+    from mars.model.flops import mfu
+    from mars.model.spec import spec_for
 
-        row["mfu"] = mfu(tokens_per_s, flops_per_token(cfg.model), device)
+    row["flops_per_token"] = spec_for(cfg.model).flops_per_token(cfg.model, None)
+    # tokens_per_s is the whole global batch's, over info.world_size devices
+    row["mfu"] = mfu(tokens_per_s, row["flops_per_token"], device, info.world_size, peak)
+    if device.type == "cuda":
         row["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         torch.cuda.reset_peak_memory_stats(device)
     del trainer
@@ -108,6 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--parallel", nargs="+", choices=["ddp", "fsdp"], default=["ddp"], help="layouts to measure (each)"
     )
     p.add_argument("--threads-per-rank", type=int, default=1, help="torch CPU threads of each rank")
+    p.add_argument(
+        "--peak-flops",
+        type=float,
+        help="peak FLOP/s of one device for MFU (default: $MARS_PEAK_FLOPS, the table)",
+    )
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. data.root=/data")
     args = p.parse_args(argv)
     # the layout as an override (`train.parallel=fsdp`) means --parallel: fsdp needs a process group
@@ -148,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
             for name in names:
-                rows.append(bench_one(name, overrides, args.steps, args.warmup, Path(tmp)))
+                rows.append(
+                    bench_one(name, overrides, args.steps, args.warmup, Path(tmp), peak=args.peak_flops)
+                )
                 print(f"  {name}: {rows[-1]['ms_per_step']:.1f} ms/step", file=sys.stderr, flush=True)
     for r in rows:
         base = next(b for b in rows if b["name"] == BASELINE and b["parallel"] == r["parallel"])
@@ -171,7 +186,7 @@ def print_rows(rows: list[dict], args) -> None:
         f"median of {args.steps} steps"
     )
     header = f"{'optimizer':<20}{'ms/step':>10}{'tokens/s':>12}{'x AdamW tok/s':>15}"
-    has_mfu = any("mfu" in r for r in rows)
+    has_mfu = any(r.get("mfu") is not None for r in rows)
     print(header + (f"{'MFU':>8}" if has_mfu else ""))
     for r in rows:
         line = f"{r['name']:<20}{r['ms_per_step']:>10.1f}{r['tokens_per_s']:>12.0f}"
@@ -229,7 +244,11 @@ def _rank(
         for parallel in args.parallel:
             for name in names:
                 extra = [*overrides, gbs, f"train.device={device}", f"train.parallel={parallel}"]
-                rows.append(bench_one(name, extra, args.steps, args.warmup, Path(tmp) / parallel, info))
+                rows.append(
+                    bench_one(
+                        name, extra, args.steps, args.warmup, Path(tmp) / parallel, info, args.peak_flops
+                    )
+                )
                 if rank == 0:
                     print(
                         f"  {parallel} {name}: {rows[-1]['ms_per_step']:.1f} ms/step",

@@ -7,12 +7,20 @@
 Finds every run dir (a dir holding .hydra/config.yaml) under the dirs given, pools the runs that
 differ only in their seeds into groups, and writes report.md, report.json, report_curves.png/.pdf
 and, when exactly two keys vary between groups, report_heatmap.png/.pdf into the first dir (or
---out); the markdown table is printed too. Per group: seeds, final and best val loss (mean ±
-sample std), tokens to the target loss per run (interpolated between evaluations; runs that never
-reach it are counted as such), the speedup in tokens against the baseline (from the seed-mean
-curves), an effective-data speedup from L(D) = a D^-b + c fitted to the baseline's mean val
-curve, and Welch's t-test of final val losses against the baseline's. docs/research.md explains
-how to read them.
+--out); both tables are printed too. Everything is about one metric of metrics.jsonl, --metric KEY
+(default val/loss; any logged key, e.g. train/loss or downstream/hellaswag/acc), better lower or
+higher by its name (mars/analysis/metric.py; --direction lower|higher overrides).
+
+The group table, per group: seeds, final and best value (mean ± sample std), tokens to the
+target value per run (interpolated between evaluations; runs that never reach it are counted as
+such), the speedup in tokens against the baseline (from the seed-mean curves), an effective-data
+speedup from L(D) = a D^-b + c fitted to the baseline's mean curve (metrics where lower is better),
+and 95% intervals of both speedups (jackknife over seeds). The comparison table, per group against
+the baseline: the paired t-test of the per-seed differences where the group ran the baseline's
+seeds, Welch's test otherwise (--unpaired: always), the difference with its 95% interval, p, p
+corrected by Holm over all groups compared with the baseline, the verdict (better / worse at
+corrected p < 0.05, else not resolved), the smallest difference these seeds detect with 80% power
+and the seeds the observed difference would need. docs/research.md explains how to read them.
 
 Grouping: runs are one group when their resolved configs agree on everything except the seeds
 (train.seed, train.data_seed), bookkeeping keys (data.root, data.num_workers, data.verify,
@@ -28,12 +36,14 @@ sweep dir (the dir holding multirun.yaml; for other runs, the dir given on the c
 different values of it (or of its config group: model=, data=, experiment=) in their overrides.
 Otherwise the report stops with one line, e.g. "error: runs differ in train.max_steps (300 in 6
 runs under A, 200 in 3 runs under B): report them separately". It also stops (exit status 2, one
-line on stderr) for a dir without run dirs, runs without metrics.jsonl or without a val/loss line
-(named), and a --baseline that is not KEY=VALUE or that matches no group or several.
+line on stderr) for a dir without run dirs, runs without metrics.jsonl or without a line of the metric
+(named), a --metric no run logged (the logged keys are listed), and a --baseline that is not
+KEY=VALUE or that matches no group or several.
 
 Baseline: --baseline KEY=VALUE picks the group whose config (or overrides) has that value; repeat
-it to narrow several matches down, or add --best to take the matching group with the lowest mean
-final val loss (the tuned baseline: --baseline optimizer.name=adamw --best over an lr sweep).
+it to narrow several matches down, or add --best to take the matching group with the best mean
+final value, e.g. the lowest val loss (the tuned baseline: --baseline optimizer.name=adamw --best
+over an lr sweep).
 Without --baseline it is the first group in sorted order (said in the output), never the best group.
 """
 

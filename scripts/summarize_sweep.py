@@ -5,6 +5,8 @@
 
 Prints a table (one row per job, sorted by best val loss), writes MULTIRUN_DIR/summary.csv and,
 when exactly two keys were swept, a heatmap of the best val loss (MULTIRUN_DIR/summary_heatmap.png).
+--metric KEY adds any logged metric's final and best value as columns, orders the jobs by it (by
+its direction: accuracies highest first) and draws it in the heatmap.
 Each job dir is found by its .hydra/config.yaml; its swept values come from .hydra/overrides.yaml,
 its losses from its metrics.jsonl. For seeds pooled, speedups and significance tests, use
 scripts/report.py. The logic lives in mars.analysis.summary.

@@ -1,5 +1,6 @@
 """Keep every test deterministic and offline."""
 
+import logging
 import os
 import random
 
@@ -29,6 +30,19 @@ def _seed_everything():
     np.random.seed(0)
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def restore_logging():
+    """Hydra configures the root logger (a handler on the test's captured stdout): undo it after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for h in root.handlers[:]:
+        if h not in handlers:
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -19,10 +19,27 @@ def _fail(e: Exception) -> int:
     return 2
 
 
-def report_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
-    from mars.analysis.report import build_report, header_lines, markdown_table, write_report
+def _direction_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--direction",
+        choices=["lower", "higher"],
+        help="whether lower or higher values of --metric are better (default: by its name, "
+        "mars.analysis.metric: accuracies higher, losses and unknown keys lower)",
+    )
 
-    p = argparse.ArgumentParser(
+
+def report_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
+    from mars.analysis.report import (
+        build_report,
+        comparison_lines,
+        comparison_table,
+        header_lines,
+        markdown_table,
+        write_report,
+    )
+    from mars.entry import ArgumentParser
+
+    p = ArgumentParser(
         prog="report.py",
         description=description or "Compare the settings of one or more sweeps, seeds pooled, to a baseline.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -37,24 +54,56 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
         "default: the first group in sorted order",
     )
     p.add_argument(
-        "--target", type=float, help="target val loss (default: the baseline's mean final val loss)"
+        "--target",
+        type=float,
+        help="target value of --metric, e.g. a val loss (default: the baseline's mean final value)",
+    )
+    p.add_argument(
+        "--metric",
+        default="val/loss",
+        metavar="KEY",
+        help="the metrics.jsonl key compared, e.g. val/loss (default), train/loss, downstream/hellaswag/acc",
+    )
+    _direction_option(p)
+    p.add_argument(
+        "--unpaired",
+        action="store_true",
+        help="Welch's test and unpaired intervals even where a group ran the baseline's seeds",
     )
     p.add_argument(
         "--best",
         action="store_true",
         help="when --baseline matches several groups, take the one with the lowest mean final val loss "
-        "(the tuned baseline, e.g. the best AdamW lr of a sweep)",
+        "(the tuned baseline, e.g. the best AdamW lr of a sweep; for --metric: the best mean final value)",
     )
     p.add_argument("--out", type=Path, help="where report.md/.json and the plots go (default: the first dir)")
     args = p.parse_args(argv)
+    out = args.out or args.sweep_dirs[0]
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        return _fail(AnalysisError(f"--out {args.out} is a file: give a directory (created if missing)"))
     try:
-        report = build_report(args.sweep_dirs, args.baseline, args.target, best=args.best)
-        written = write_report(report, args.out or args.sweep_dirs[0])
+        report = build_report(
+            args.sweep_dirs,
+            args.baseline,
+            args.target,
+            best=args.best,
+            metric=args.metric,
+            direction=args.direction,
+            paired=not args.unpaired,
+        )
+        written = write_report(report, out)
     except AnalysisError as e:
         return _fail(e)
+    except OSError as e:
+        return _fail(AnalysisError(f"cannot write the report into {out} ({e}); choose another --out"))
     print("\n".join(header_lines(report)))
     print()
     print(markdown_table(report))
+    if len(report.groups) > 1:
+        print()
+        print("\n".join(comparison_lines(report)))
+        print()
+        print(comparison_table(report))
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print("\nwrote " + ", ".join(str(w) for w in written))
@@ -62,44 +111,75 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
 
 
 def summarize_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
-    from mars.analysis.summary import format_table, summarize, write_csv, write_heatmap
+    from mars.analysis.metric import metric_of
+    from mars.analysis.summary import (
+        COLUMNS,
+        format_table,
+        metric_columns,
+        summarize,
+        write_csv,
+        write_heatmap,
+    )
+    from mars.entry import ArgumentParser
 
-    p = argparse.ArgumentParser(prog="summarize_sweep.py", description=description)
+    p = ArgumentParser(prog="summarize_sweep.py", description=description)
     p.add_argument("multirun_dir", type=Path, help="a Hydra sweep dir (multirun/DATE/TIME)")
     p.add_argument("--csv", type=Path, help="CSV path (default MULTIRUN_DIR/summary.csv)")
     p.add_argument(
         "--heatmap", type=Path, help="heatmap path for 2-D sweeps (default MULTIRUN_DIR/summary_heatmap.png)"
     )
-    p.add_argument("--metric", default="best_val_loss", choices=["best_val_loss", "final_val_loss"])
+    p.add_argument(
+        "--metric",
+        default="best_val_loss",
+        metavar="KEY",
+        help="the heatmap's value: best_val_loss (default) or final_val_loss; or any logged key (e.g. "
+        "downstream/hellaswag/acc), whose final and best values then get columns of their own, order the "
+        "rows and fill the heatmap (its best value)",
+    )
+    _direction_option(p)
     args = p.parse_args(argv)
     root = args.multirun_dir
     if not root.is_dir():
         return _fail(AnalysisError(f"{root} is not a directory"))
     try:
-        swept, rows = summarize(root)
+        legacy = args.metric in COLUMNS[:2]
+        metric = metric_of("val/loss" if legacy else args.metric, args.direction)
+        swept, rows = summarize(root, metric)
     except AnalysisError as e:
         return _fail(e)
-    print(format_table(swept, rows))
+    print(format_table(swept, rows, metric))
     csv_path = args.csv or root / "summary.csv"
-    write_csv(csv_path, swept, rows)
+    write_csv(csv_path, swept, rows, metric)
     print(f"\nwrote {csv_path}")
     if len(swept) == 2:
         png = args.heatmap or root / "summary_heatmap.png"
-        write_heatmap(png, swept, rows, args.metric)
+        column = args.metric if legacy else metric_columns(metric)[1]
+        write_heatmap(png, swept, rows, column, higher_is_better=metric.higher_is_better and not legacy)
         print(f"wrote {png}")
     return 0
 
 
 def plot_curves_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
-    from mars.analysis.curves import Curve, disambiguate, read_run, read_wandb_csv, run_labels
-    from mars.analysis.plots import plot_curves
-    from mars.analysis.runs import METRICS, find_run_dirs
+    from mars.analysis.labels import disambiguate, run_labels
+    from mars.analysis.metric import metric_of
+    from mars.analysis.plots import DEFAULT_PANELS, plot_curves
+    from mars.analysis.runs import METRICS, Run, find_run_dirs, read_run
+    from mars.analysis.wandb_csv import read_wandb_csv
+    from mars.entry import ArgumentParser
 
-    p = argparse.ArgumentParser(prog="plot_curves.py", description=description)
+    p = ArgumentParser(prog="plot_curves.py", description=description)
     p.add_argument("inputs", nargs="+", type=Path, help="run dirs, sweep dirs and/or W&B CSV exports")
     p.add_argument(
         "--out", type=Path, default=Path("curves.png"), help="PNG path (a PDF is written next to it)"
     )
+    p.add_argument(
+        "--metric",
+        action="append",
+        metavar="KEY",
+        help="a metrics.jsonl key to plot, one column of panels each (repeat for several); "
+        "default: train/loss and val/loss",
+    )
+    _direction_option(p)
     p.add_argument("--labels", nargs="+", help="legend labels, one per curve, in input order")
     p.add_argument(
         "--zoom",
@@ -111,7 +191,10 @@ def plot_curves_main(argv: Sequence[str] | None = None, description: str | None 
     p.add_argument("--logx", action="store_true")
     p.add_argument("--logy", action="store_true")
     p.add_argument(
-        "--smooth", type=int, default=1, help="moving-average window for the train loss (log lines)"
+        "--smooth",
+        type=int,
+        default=1,
+        help="moving-average window for metrics logged on training lines, e.g. the train loss",
     )
     p.add_argument("--title")
     p.add_argument(
@@ -124,7 +207,7 @@ def plot_curves_main(argv: Sequence[str] | None = None, description: str | None 
     p.add_argument(
         "--full-range",
         action="store_true",
-        help="y axes over the whole loss range (default: from the loss after the first tenth of training)",
+        help="y axes over the whole range (default: from the values after the first tenth of training)",
     )
     args = p.parse_args(argv)
 
@@ -140,33 +223,38 @@ def plot_curves_main(argv: Sequence[str] | None = None, description: str | None 
         else:
             return _fail(AnalysisError(f"{path} is neither a run dir, a sweep dir nor a .csv file"))
     try:
+        metrics = [metric_of(k, args.direction) for k in (args.metric or DEFAULT_PANELS)]
         dirs = [path for path in inputs if path.is_dir()]
-        labels, common = run_labels(dirs) if dirs else ([], "")
+        run_dirs = [read_run(path) for path in dirs]
+        labels, common = run_labels(run_dirs) if run_dirs else ([], "")
         has_csv = len(dirs) < len(inputs)
-        curves: list[Curve] = []
-        run_curves: list[Curve] = []
+        runs: list[Run] = []
         for path in inputs:
             if path.is_dir():
-                curve = read_run(path)
-                text = labels[len(run_curves)]
-                curve.label = f"{common}, {text}" if has_csv and common and text else (text or common)
-                run_curves.append(curve)
-                curves.append(curve)
+                run = run_dirs[dirs.index(path)]
+                text = labels[dirs.index(path)]
+                run.label = f"{common}, {text}" if has_csv and common and text else (text or common)
+                runs.append(run)
             else:
-                curves.extend(read_wandb_csv(path, args.tokens_per_step))
+                runs.extend(read_wandb_csv(path, args.tokens_per_step))
+        for m in metrics if args.metric else ():  # the default panels may stay empty (no evaluation yet)
+            if not any(m.key in r.metrics for r in runs):
+                logged = sorted({k for r in runs for k in r.metrics})
+                raise AnalysisError(f"no input logged {m.key} (logged: {', '.join(logged) or 'nothing'})")
     except AnalysisError as e:
         return _fail(e)
-    disambiguate(run_curves, dirs)
+    disambiguate(run_dirs, dirs)
     legend_title = None if has_csv else common or None
     if args.labels:
-        if len(args.labels) != len(curves):
-            return _fail(AnalysisError(f"{len(args.labels)} labels for {len(curves)} curves"))
-        for c, text in zip(curves, args.labels, strict=True):
-            c.label = text
+        if len(args.labels) != len(runs):
+            return _fail(AnalysisError(f"{len(args.labels)} labels for {len(runs)} curves"))
+        for r, text in zip(runs, args.labels, strict=True):
+            r.label = text
         legend_title = None
     written = plot_curves(
-        curves,
+        runs,
         args.out,
+        metrics=metrics,
         zoom=args.zoom,
         logx=args.logx,
         logy=args.logy,

@@ -27,9 +27,10 @@ from typing import Any
 import yaml
 
 from mars.analysis.errors import AnalysisError
-from mars.analysis.labels import Column, Item, cell, format_value
+from mars.analysis.labels import Column, Item, cell, format_value, item_of
+from mars.analysis.metric import Metric
 from mars.analysis.runs import Run
-from mars.analysis.settings import COMPARABILITY_KEYS, canonical, override_settings, settings_of
+from mars.analysis.settings import canonical, comparability_keys, with_defaults
 
 
 @dataclass
@@ -45,19 +46,14 @@ class Group:
         return Item(self.settings, self.overrides)
 
 
-def overrides_view(run: Run, keep_seeds: bool = False) -> dict[str, str]:
-    """A run's config-group choices and overrides, filtered like its settings."""
-    return override_settings({**run.choices, **run.overrides}, run.flat.get("optimizer.name"), keep_seeds)
-
-
 def group_runs(runs: Sequence[Run]) -> list[Group]:
     """Runs pooled by settings, in order of first appearance."""
     groups: dict[str, Group] = {}
     for run in runs:
-        settings = settings_of(run.flat)
-        key = canonical(settings)
+        item = item_of(run)
+        key = canonical(item.settings)
         if key not in groups:
-            groups[key] = Group(settings=settings, overrides=overrides_view(run), runs=[])
+            groups[key] = Group(settings=item.settings, overrides=item.overrides, runs=[])
         groups[key].runs.append(run)
     return list(groups.values())
 
@@ -109,17 +105,20 @@ def _list_runs(runs: Sequence[Run]) -> str:
 def check_comparable(runs: Sequence[Run]) -> None:
     """Refuse runs that differ in training length, batch, data or model shape without a sweep saying so."""
     swept = swept_keys(runs)
-    for key in COMPARABILITY_KEYS:
+    flats = [with_defaults(run.flat) for run in runs]
+    for key in comparability_keys():
         by_value: dict[str, list[Run]] = defaultdict(list)
-        for run in runs:
-            by_value[canonical(run.flat.get(key))].append(run)
+        shown: dict[int, Any] = {}
+        for run, flat in zip(runs, flats, strict=True):
+            by_value[canonical(flat.get(key))].append(run)
+            shown[id(run)] = flat.get(key)
         if len(by_value) < 2 or _is_swept(key, swept):
             continue
         ordered = sorted(by_value.values(), key=len, reverse=True)
         places = [_where(rs) for rs in ordered]
         same_place = len(set(places)) < len(places)
         parts = [
-            f"{format_value(rs[0].flat.get(key))} in {len(rs)} run{'s' if len(rs) > 1 else ''} "
+            f"{format_value(shown[id(rs[0])])} in {len(rs)} run{'s' if len(rs) > 1 else ''} "
             + (f"({_list_runs(rs)})" if same_place else f"under {place}")
             for rs, place in zip(ordered, places, strict=True)
         ]
@@ -199,14 +198,17 @@ def select_baseline(
     columns: Sequence[Column],
     labels: Sequence[str],
     best: bool = False,
+    metric: Metric | None = None,
 ) -> tuple[int, str]:
     """The baseline group's index and a line saying how it was chosen.
 
     Without --baseline it is the first group in sorted order: not the best one, which would make
     every other group look worse by construction. With `best` (--best), a --baseline that matches
-    several groups (e.g. optimizer.name=adamw over an lr sweep) picks the one with the lowest mean
-    final val loss among them: the tuned baseline.
+    several groups (e.g. optimizer.name=adamw over an lr sweep) picks the one with the best mean
+    final value of the metric (default: the lowest mean final val loss) among them: the tuned
+    baseline.
     """
+    metric = metric or Metric("val/loss")
     if not specs:
         how = "the first group in sorted order; choose one with --baseline KEY=VALUE"
         return 0, f"{labels[0] or 'all runs'} ({how})"
@@ -223,11 +225,15 @@ def select_baseline(
         available = "; ".join(f"{k} takes {', '.join(_values(groups, k))}" for k, _ in pairs)
         raise AnalysisError(f"--baseline {given} matches no group ({available})")
     if len(matched) > 1 and best:
-        mean_final = [sum(r.final_val for r in groups[i].runs) / len(groups[i].runs) for i in matched]
-        chosen = matched[min(range(len(matched)), key=lambda j: mean_final[j])]
+        sign = -1.0 if metric.higher_is_better else 1.0
+        score = [
+            sign * sum(r.final(metric.key) for r in groups[i].runs) / len(groups[i].runs) for i in matched
+        ]
+        chosen = matched[min(range(len(matched)), key=lambda j: score[j])]
+        extreme = "highest" if metric.higher_is_better else "lowest"
         return chosen, (
-            f"{labels[chosen] or 'all runs'} (--baseline {given} --best: the lowest mean final val loss of "
-            f"the {len(matched)} matching groups)"
+            f"{labels[chosen] or 'all runs'} (--baseline {given} --best: the {extreme} mean final "
+            f"{metric.title} of the {len(matched)} matching groups)"
         )
     if len(matched) > 1:
         hint = ""
@@ -255,3 +261,16 @@ def seeds_of(run: Run) -> tuple[Any, Any]:
     seed = run.flat.get("train.seed")
     data_seed = run.flat.get("train.data_seed")
     return seed, seed if data_seed is None else data_seed
+
+
+def pairing(group: Sequence[Run], baseline: Sequence[Run]) -> tuple[list[int], str]:
+    """How to pair a group's runs with the baseline's by seeds: the group's run indices in the order
+    of the baseline's runs, or ([], why not). Runs are paired when both sides ran exactly the same
+    seeds (train.seed and data seed), each once: the same initialisation and batch order, so most
+    seed-to-seed noise is shared and cancels in the per-seed differences."""
+    mine, theirs = [canonical(seeds_of(r)) for r in group], [canonical(seeds_of(r)) for r in baseline]
+    if len(set(mine)) < len(mine) or len(set(theirs)) < len(theirs):
+        return [], "a seed occurs twice on one side"
+    if set(mine) != set(theirs):
+        return [], "the seeds differ"
+    return [mine.index(s) for s in theirs], ""

@@ -16,25 +16,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mars.analysis.paper import paper_key
-from mars.analysis.settings import SEED_KEYS, applies, canonical
+from mars.analysis.runs import Run, load_run
+from mars.analysis.settings import (
+    SEED_KEYS,
+    applies,
+    canonical,
+    model_key_applies,
+    override_settings,
+    settings_of,
+)
 
-SHAPES = {
-    (4, 4, 256): "tiny",
-    (12, 12, 768): "small",
-    (24, 16, 1024): "medium",
-    (36, 20, 1280): "large",
-    (48, 25, 1600): "xl",
-}
 OPT_NAMES = {
     "adamw": "AdamW", "lion": "Lion", "muon": "Muon", "moonlight": "Moonlight", "mars_adamw": "MARS-AdamW",
     "mars_lion": "MARS-Lion", "mars_shampoo": "MARS-Shampoo", "mars_m": "MARS-M",
 }  # fmt: skip
 # MARS types whose title says approx/exact; MARS-M's approx is an ordinary key
 _TITLED_APPROX = ("mars_adamw", "mars_lion", "mars_shampoo")
-_SHAPE = ("model.n_layer", "model.n_head", "model.n_embd")
+_SHAPE = ("model.arch", "model.n_layer", "model.n_head", "model.n_embd")  # what size_name shows
 
 
 def format_value(value: Any) -> str:
@@ -59,13 +61,23 @@ def optimizer_title(flat: dict[str, Any]) -> str:
     return title
 
 
+def _spec(arch_name: Any):
+    from mars.model.spec import DEFAULT_ARCH, arch, arch_names
+
+    name = str(arch_name or DEFAULT_ARCH)
+    return arch(name) if name in arch_names() else None
+
+
 def size_name(flat: dict[str, Any]) -> str | None:
-    """ "GPT-2 small", or "4L/256d" for a shape that is not a preset; None without model keys."""
-    shape = tuple(flat.get(k) for k in _SHAPE)
+    """ "GPT-2 small", "LLaMA 124m", or "4L/256d" ("LLaMA 2L/64d") for a shape that is not a preset;
+    the architecture's name (its spec's sizes and title, mars.model.spec); None without model keys."""
+    arch_name, *shape = (flat.get(k) for k in _SHAPE)
     if shape[0] is None:
         return None
-    size = SHAPES.get(shape)  # type: ignore[arg-type]
-    return f"GPT-2 {size}" if size else f"{shape[0]}L/{shape[2]}d"
+    spec = _spec(arch_name)
+    if spec is None:  # an architecture this version does not know
+        return f"{arch_name} {shape[0]}L/{shape[2]}d"
+    return spec.size_name(*shape)
 
 
 def describe(cfg: dict) -> tuple[str, tuple[str, str] | None]:
@@ -73,8 +85,10 @@ def describe(cfg: dict) -> tuple[str, tuple[str, str] | None]:
     opt, model, data = cfg.get("optimizer", {}), cfg.get("model", {}), cfg.get("data", {})
     flat = {f"optimizer.{k}": v for k, v in opt.items()} | {f"model.{k}": v for k, v in model.items()}
     parts = [optimizer_title(flat)]
-    size = SHAPES.get((model.get("n_layer"), model.get("n_head"), model.get("n_embd")))
-    parts.append(f"GPT-2 {size}" if size else f"{model.get('n_layer', '?')}L/{model.get('n_embd', '?')}d")
+    spec = _spec(model.get("arch"))
+    size = spec.sizes.get((model.get("n_layer"), model.get("n_head"), model.get("n_embd"))) if spec else None
+    parts.append(size_name(flat) or "?")
+    size = size if spec is not None and spec.name == "gpt2" else None  # the paper's runs are GPT-2
     if "lr" in opt:
         parts.append(f"lr {format_value(float(opt['lr']))}")
     paper = paper_key(str(opt.get("name", "?")), bool(opt.get("approx", True)), size, data.get("name"))
@@ -104,6 +118,14 @@ class Column:
 
 def _varies(items: Sequence[Item], key: str) -> bool:
     """Whether a config key takes more than one value; optimizer keys only among runs of one optimizer."""
+    if key.startswith("model.") and key not in _SHAPE:
+        # a key of one architecture's config varies only among runs of that architecture
+        by_arch: dict[str, set[str]] = {}
+        for it in items:
+            arch_name = it.settings.get("model.arch")
+            if model_key_applies(key, arch_name):
+                by_arch.setdefault(str(arch_name), set()).add(canonical(it.settings.get(key, "<absent>")))
+        return any(len(values) > 1 for values in by_arch.values())
     if key.startswith("optimizer."):
         by_optimizer: dict[str, set[str]] = {}
         for it in items:
@@ -227,3 +249,36 @@ def common_description(columns: Sequence[Column], items: Sequence[Item]) -> str:
     if "size" not in kinds and "model" not in kinds and "experiment" not in kinds and size:
         parts.append(size)
     return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- runs shown one by one
+
+
+def item_of(run: Run, keep_seeds: bool = False) -> Item:
+    """What labelling needs of a run: its settings and its overrides / config-group choices, filtered."""
+    optimizer = run.flat.get("optimizer.name")
+    overrides = override_settings({**run.choices, **run.overrides}, optimizer, keep_seeds)
+    return Item(settings_of(run.flat, keep_seeds=keep_seeds), overrides)
+
+
+def run_labels(runs: Sequence[Run | Path]) -> tuple[list[str], str]:
+    """Per run (or run dir), a label naming only what differs between these runs (seeds included),
+    and the description they share (the legend's title). A single run keeps its stand-alone label."""
+    runs = [r if isinstance(r, Run) else load_run(r, with_metrics=False) for r in runs]
+    if len(runs) == 1:
+        return [describe(runs[0].config)[0]], ""
+    items = [item_of(r, keep_seeds=True) for r in runs]
+    columns = varying_columns(items)
+    return [label(columns, it) for it in items], common_description(columns, items)
+
+
+def disambiguate(runs: Sequence[Run], dirs: Sequence[Path] | None = None) -> None:
+    """Runs whose labels coincide (the same settings, or nothing that differs) get their dir's name."""
+    dirs = [r.path for r in runs] if dirs is None else dirs
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.label] = counts.get(r.label, 0) + 1
+    for r, path in zip(runs, dirs, strict=True):
+        if counts[r.label] > 1 or not r.label:
+            name = Path(path).resolve().name
+            r.label = f"{r.label} [{name}]" if r.label else name

@@ -13,15 +13,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mars.analysis.metric import Metric, metric_of
 from mars.analysis.paper import PAPER_BEST_VAL, PAPER_TOKENS
+from mars.analysis.runs import Run
 from mars.analysis.stats import Band
-
-if TYPE_CHECKING:
-    from mars.analysis.curves import Curve
 
 DPI = 150
 
@@ -107,27 +105,30 @@ def save(fig, out: Path, pdf: bool = True) -> list[Path]:
 
 @dataclass
 class GroupCurves:
-    """One group's seed-averaged curves as the report draws them."""
+    """One group's seed-averaged curves as the report draws them: one band per panel."""
 
     label: str
-    val: Band | None
-    train: Band | None
+    bands: Sequence[Band | None]
     baseline: bool = False
     n_seeds: int = 1
 
 
-def focus_ylim(ax, series: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+def focus_ylim(
+    ax, series: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], higher_is_better: bool = False
+) -> None:
     """Set the y range from (x, low, high) series, leaving the first tenth of the x range out of
-    its top: early losses (near ln(vocab) = 10.8) would squeeze the part of the curves where
-    optimizers differ into a few pixels. Log axes keep matplotlib's own range."""
+    its worse end (the top for losses, the bottom where higher is better): early losses (near
+    ln(vocab) = 10.8) would squeeze the part of the curves where optimizers differ into a few
+    pixels. Log axes keep matplotlib's own range."""
     series = [(np.asarray(x, float), np.asarray(lo, float), np.asarray(hi, float)) for x, lo, hi in series]
     series = [s for s in series if s[0].size]
     if not series or ax.get_yscale() != "linear":
         return
     cut = 0.1 * max(float(np.nanmax(x)) for x, _, _ in series)
-    tops = [hi[x >= cut] for x, _, hi in series]
+    tops = [hi[x >= cut] if not higher_is_better else hi for x, _, hi in series]
+    lows = [lo[x >= cut] if higher_is_better else lo for x, lo, _ in series]
     tops = [t[np.isfinite(t)] for t in tops]
-    lows = [lo[np.isfinite(lo)] for _, lo, _ in series]
+    lows = [lo[np.isfinite(lo)] for lo in lows]
     if not any(t.size for t in tops) or not any(lo.size for lo in lows):
         return
     top = max(float(t.max()) for t in tops if t.size)
@@ -137,40 +138,49 @@ def focus_ylim(ax, series: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) 
         ax.set_ylim(bottom - pad, top + pad)
 
 
-def plot_groups(
-    out: Path, groups: Sequence[GroupCurves], target: float | None, title: str | None = None
-) -> list[Path]:
+def plot_groups(out: Path, groups: Sequence[GroupCurves], target: float | None, **options) -> list[Path]:
     """groups_figure() saved as PNG and PDF."""
-    return save(groups_figure(groups, target, title), out)
+    return save(groups_figure(groups, target, **options), out)
 
 
-def groups_figure(groups: Sequence[GroupCurves], target: float | None, title: str | None = None):
-    """Val loss (left) and train loss (right) against tokens: each group's mean over seeds, shaded
-    from the lowest to the highest seed at each point; the baseline in black, the target dotted."""
+def groups_figure(
+    groups: Sequence[GroupCurves],
+    target: float | None,
+    title: str | None = None,
+    panels: Sequence[str] = ("Validation loss", "Training loss"),
+    higher_is_better: bool = False,
+):
+    """One panel per band (the report's metric on the left, with the target dotted; then train or
+    val loss) against tokens: each group's mean over seeds, shaded from the lowest to the highest
+    seed at each point; the baseline in black."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
-    bands = [b for g in groups for b in (g.val, g.train) if b is not None]
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(5.5 * len(panels), 4.4), layout="constrained", squeeze=False
+    )
+    axes = axes[0]
+    bands = [b for g in groups for b in g.bands if b is not None]
     scale, suffix = token_unit(max((b.tokens[-1] for b in bands), default=1.0))
     palette = iter(colors(sum(not g.baseline for g in groups)))
     for g in groups:
         color = "black" if g.baseline else next(palette)
         text = f"{g.label} (baseline)" if g.baseline else g.label
         text += f", n={g.n_seeds}"
-        for ax, band in zip(axes, (g.val, g.train), strict=True):
+        for i, (ax, band) in enumerate(zip(axes, g.bands, strict=True)):
             if band is None:
                 continue
             x = band.tokens / scale
-            few = band is g.val and len(x) < 30
+            few = i == 0 and len(x) < 30
             ax.plot(x, band.mean, color=color, lw=1.6, label=text, marker="o" if few else None, ms=3)
             if g.n_seeds > 1:
                 ax.fill_between(x, band.low, band.high, color=color, alpha=0.18, lw=0)
     if target is not None and math.isfinite(target):
         axes[0].axhline(target, color="0.45", ls=":", lw=1.2, label=f"target {target:.4g}")
-    for ax, what, key in ((axes[0], "Validation loss", "val"), (axes[1], "Training loss", "train")):
+    for i, (ax, what) in enumerate(zip(axes, panels, strict=True)):
         ax.set_xlabel(f"Training tokens ({suffix})" if suffix else "Training tokens")
         ax.set_ylabel(what)
         ax.grid(True, alpha=0.3)
-        focus_ylim(ax, [(b.tokens, b.low, b.high) for g in groups if (b := getattr(g, key)) is not None])
+        series = [(b.tokens, b.low, b.high) for g in groups if (b := g.bands[i]) is not None]
+        focus_ylim(ax, series, higher_is_better and i == 0)
     if title:
         fig.suptitle(title)
     legend_outside(fig, axes, title="mean over seeds; shaded: min to max over seeds")
@@ -187,9 +197,11 @@ def heatmap(
     cols: Sequence[str],
     title: str | None = None,
     pdf: bool = False,
+    higher_is_better: bool = False,
 ) -> list[Path]:
     """A 2-D sweep: rows are values of row_key, columns of col_key, each cell the mean of its values
-    (lower is better: the best cell in bold) with "± std" under it when it holds several seeds."""
+    (the best cell in bold: the lowest, or the highest where higher is better) with "± std" under it
+    when it holds several seeds. The colour map runs from worse (light) to better (dark)."""
     plt = pyplot()
     grid = np.full((len(rows), len(cols)), np.nan)
     text: dict[tuple[int, int], str] = {}
@@ -201,7 +213,7 @@ def heatmap(
         grid[i, j] = vals.mean()
         text[i, j] = f"{vals.mean():.3f}" + (f"\n± {vals.std(ddof=1):.3f}" if vals.size > 1 else "")
     fig, ax = plt.subplots(figsize=(1.4 * len(cols) + 2.8, 0.85 * len(rows) + 2.0), layout="constrained")
-    cmap = plt.get_cmap("viridis_r").with_extremes(bad="0.85")
+    cmap = plt.get_cmap("viridis" if higher_is_better else "viridis_r").with_extremes(bad="0.85")
     finite = grid[np.isfinite(grid)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
@@ -209,7 +221,7 @@ def heatmap(
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel(col_key)
     ax.set_ylabel(row_key)
-    best = finite.min() if finite.size else None
+    best = (finite.max() if higher_is_better else finite.min()) if finite.size else None
     for (i, j), t in text.items():
         shade = cmap((grid[i, j] - vmin) / (vmax - vmin) if vmax > vmin else 0.5)
         luminance = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2]
@@ -244,13 +256,17 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_curves(curves: Sequence[Curve], out: Path, **options) -> list[Path]:
-    """curves_figure(curves, **options) saved as PNG and PDF."""
-    return save(curves_figure(curves, **options), out)
+def plot_curves(runs: Sequence[Run], out: Path, **options) -> list[Path]:
+    """curves_figure(runs, **options) saved as PNG and PDF."""
+    return save(curves_figure(runs, **options), out)
+
+
+DEFAULT_PANELS = ("train/loss", "val/loss")
 
 
 def curves_figure(
-    curves: Sequence[Curve],
+    runs: Sequence[Run],
+    metrics: Sequence[Metric | str] = DEFAULT_PANELS,
     zoom: Sequence[float] | None = None,
     logx: bool = False,
     logy: bool = False,
@@ -260,38 +276,46 @@ def curves_figure(
     legend_title: str | None = None,
     full_range: bool = False,
 ):
-    """Train and val loss against tokens (top) and wall-clock time (bottom, when the inputs have
-    times), one colour per curve, the paper's reference losses as stars. The y range leaves out
-    the first tenth of each panel's x range (focus_ylim) unless full_range."""
+    """One column of panels per metric (default: train loss, val loss), against tokens (top) and
+    wall-clock time (bottom, when the inputs have times); one colour per run, labelled run.label;
+    the paper's reference losses as stars on the val loss panel. `smooth_window` averages metrics
+    logged on training lines (not evaluations). The y range leaves out the first tenth of each
+    panel's x range (focus_ylim) unless full_range."""
     plt = pyplot()
     from matplotlib.ticker import FormatStrFormatter
 
-    all_points = [p for c in curves for p in (*c.train, *c.val)]
+    metrics = [m if isinstance(m, Metric) else metric_of(m) for m in metrics]
+    all_points = [p for r in runs for m in metrics for p in r.points(m.key)]
     tok_scale, tok_suffix = token_unit(max((p[0] for p in all_points), default=1.0))
     finite_t = [p[1] for p in all_points if math.isfinite(p[1])]
     t_scale, t_name = time_unit(max(finite_t, default=1.0))
     rows = 2 if finite_t else 1  # no wall-clock panels for inputs without times (e.g. some W&B exports)
-    fig, axes = plt.subplots(rows, 2, figsize=(12, 4 * rows), layout="constrained", squeeze=False)
-    palette = colors(len(curves))
-    for c, color in zip(curves, palette, strict=True):
-        for col, (series, kind) in enumerate(((c.train, "train"), (c.val, "val"))):
+    fig, axes = plt.subplots(
+        rows, len(metrics), figsize=(6 * len(metrics), 4 * rows), layout="constrained", squeeze=False
+    )
+    palette = colors(len(runs))
+    for run, color in zip(runs, palette, strict=True):
+        for col, m in enumerate(metrics):
+            series = run.points(m.key)
             if not series:
                 continue
             ys = [p[2] for p in series]
-            if kind == "train":
+            if not m.is_evaluation:
                 ys = smooth(ys, smooth_window)
-            style = {"color": color, "label": c.label, "lw": 1.4}
-            if kind == "val" and len(series) < 30:
+            style = {"color": color, "label": run.label, "lw": 1.4}
+            if m.is_evaluation and len(series) < 30:
                 style.update(marker="o", ms=3)
             axes[0, col].plot([p[0] / tok_scale for p in series], ys, **style)
             timed = [(p[1] / t_scale, y) for p, y in zip(series, ys, strict=True) if math.isfinite(p[1])]
             if timed and rows == 2:
                 axes[1, col].plot(*zip(*timed, strict=True), **style)
-        if paper_markers and c.paper_key and c.val:
-            reach = max(p[0] for p in c.val) * 1.05
-            for tokens, best in zip(PAPER_TOKENS, PAPER_BEST_VAL[c.paper_key], strict=True):
+        val_col = next((i for i, m in enumerate(metrics) if m.key == "val/loss"), None)
+        paper = run.paper_key
+        if paper_markers and paper and val_col is not None and run.val:
+            reach = max(p[0] for p in run.val) * 1.05
+            for tokens, best in zip(PAPER_TOKENS, PAPER_BEST_VAL[paper], strict=True):
                 if tokens <= reach:
-                    axes[0, 1].plot(
+                    axes[0, val_col].plot(
                         tokens / tok_scale,
                         best,
                         marker="*",
@@ -299,17 +323,17 @@ def curves_figure(
                         color=color,
                         mec="k",
                         ls="none",
-                        label=f"paper {c.paper_key[0]} {c.paper_key[1]} (best val)",
+                        label=f"paper {paper[0]} {paper[1]} (best val)",
                     )
     xlabels = (
         f"Training tokens ({tok_suffix})" if tok_suffix else "Training tokens",
         f"Wall-clock time ({t_name})",
     )
     for row, xlabel in enumerate(xlabels[:rows]):
-        for col, ylabel in enumerate(("Training loss", "Validation loss")):
+        for col, m in enumerate(metrics):
             ax = axes[row, col]
             ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
+            ax.set_ylabel(m.axis_label)
             ax.grid(True, alpha=0.3)
             if logx:
                 ax.set_xscale("log")
@@ -319,7 +343,8 @@ def curves_figure(
                 ax.yaxis.set_minor_formatter(FormatStrFormatter("%.2f"))
                 ax.tick_params(axis="y", which="minor", labelsize=7)
             if not full_range:
-                focus_ylim(ax, [(line.get_xdata(), line.get_ydata(), line.get_ydata()) for line in ax.lines])
+                lines = [(line.get_xdata(), line.get_ydata(), line.get_ydata()) for line in ax.lines]
+                focus_ylim(ax, lines, m.higher_is_better)
     if zoom is not None:
         _zoom_insets(axes[0], zoom)
     if title:

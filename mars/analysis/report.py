@@ -1,21 +1,27 @@
 """A research report over one or more sweeps: per setting, seeds pooled, compared to a baseline.
 
 build_report() does the reading, grouping and statistics (raising AnalysisError on bad input);
-markdown_table() / render_markdown() / to_json() present it; write_report() writes report.md,
-report.json and the figures. Definitions (docs/research.md has the longer story):
+markdown_table() / comparison_table() / render_markdown() / to_json() present it; write_report()
+writes report.md, report.json and the figures. Every number is about one metric of metrics.jsonl
+(--metric, default val/loss), better in the direction mars.analysis.metric decides. Definitions
+(docs/research.md has the longer story):
 
-* final / best val loss: the last / lowest val/loss of each run; mean and sample std (ddof=1)
-  over the group's seeds;
-* tokens to target, per run: where its val curve first reaches the target, linear in tokens
-  between evaluations; runs that never reach it are counted ("2/3 reached") and left out of the
-  mean;
-* speedup: the baseline's tokens to target over the group's, both read off the seed-mean val
-  curves (so it exists even when a seed stops short of the target, which with the default
-  target - the baseline's own mean final loss - happens to about half of the baseline's seeds);
-* effective-data speedup: L(D) = a D^-b + c fitted to the baseline's mean val curve; a group's
-  mean final loss L needs D_eff = ((L - c) / a)^(-1/b) baseline tokens; speedup = D_eff / the
-  group's tokens;
-* Welch's t-test of the group's final val losses against the baseline's.
+* final / best value: the last / best logged value of each run; mean and sample std (ddof=1) over
+  the group's seeds;
+* tokens to target, per run: where its curve first reaches the target, linear in tokens between
+  evaluations; runs that never reach it are counted ("2/3 reached") and left out of the mean;
+* speedup: the baseline's tokens to target over the group's, both read off the seed-mean curves
+  (so it exists even when a seed stops short of the target, which with the default target - the
+  baseline's own mean final value - happens to about half of the baseline's seeds);
+* effective-data speedup (metrics where lower is better): L(D) = a D^-b + c fitted to the
+  baseline's mean curve; a group's mean final value L needs D_eff = ((L - c) / a)^(-1/b) baseline
+  tokens; speedup = D_eff / the group's tokens;
+* 95% intervals of both speedups: the jackknife over seeds (mars.analysis.intervals), paired where
+  the group and the baseline ran the same seeds;
+* the comparison of final values with the baseline's (mars.analysis.significance): the paired
+  t-test where the seeds match, else Welch's; Holm's correction over all groups compared with the
+  baseline; the smallest difference the seeds detect with 80% power, and the seeds the observed
+  difference would need.
 """
 
 from __future__ import annotations
@@ -33,28 +39,28 @@ from mars.analysis.groups import (
     check_comparable,
     duplicate_seeds,
     group_runs,
+    pairing,
     parse_baseline,
     seeds_of,
     select_baseline,
     sort_groups,
     value_key,
 )
+from mars.analysis.intervals import Interval, jackknife_interval
 from mars.analysis.labels import Column, cell, common_description, label, varying_columns
+from mars.analysis.metric import Metric, metric_of
 from mars.analysis.plots import GroupCurves, heatmap, plot_groups
-from mars.analysis.runs import load_runs, require_val_loss
+from mars.analysis.runs import Run, load_runs, require_metric
+from mars.analysis.significance import ALPHA, LEVEL, MAX_SEEDS, POWER, Comparison, Welch, compare, holm, welch
+from mars.analysis.speedups import Speedups
 from mars.analysis.stats import (
     Band,
-    FitError,
     PowerLaw,
-    Welch,
-    fit_power_law,
     mean_curve,
     mean_std,
     tokens_to_target,
-    welch,
 )
-
-ALPHA = 0.05
+from mars.metrics_jsonl import jsonable
 
 
 @dataclass
@@ -62,9 +68,9 @@ class RunResult:
     path: str
     seed: Any
     data_seed: Any
-    final_val_loss: float
-    best_val_loss: float
-    final_tokens: float  # tokens at the last evaluation
+    final: float  # the metric's last value
+    best: float  # its best value
+    final_tokens: float  # tokens at its last value
     tokens_to_target: float | None
 
 
@@ -73,18 +79,23 @@ class GroupResult:
     label: str
     cells: list[str | None]
     runs: list[RunResult]
-    val: Band | None
-    train: Band | None
+    bands: list[Band | None]  # seed-mean curves of the figure's panels: the metric, then train (or val) loss
     baseline: bool = False
-    tokens_to_target_curve: float | None = None  # crossing of the seed-mean val curve
+    tokens_to_target_curve: float | None = None  # crossing of the seed-mean curve
     speedup: float | None = None
     speedup_note: str = ""
+    speedup_ci: Interval | None = None
+    speedup_ci_note: str = ""
     effective_tokens: float | None = None
     effective_speedup: float | None = None
     effective_note: str = ""
     extrapolated: bool = False
-    welch: Welch | None = None
+    effective_ci: Interval | None = None
+    effective_ci_note: str = ""
+    welch: Welch | None = None  # Welch's test, always (report.json "welch", as before pairing)
     welch_note: str = ""
+    comparison: Comparison | None = None  # the test the verdict uses: paired where the seeds match
+    comparison_note: str = ""
 
     @property
     def n(self) -> int:
@@ -92,11 +103,11 @@ class GroupResult:
 
     @property
     def final(self) -> tuple[float, float | None]:
-        return mean_std([r.final_val_loss for r in self.runs])
+        return mean_std([r.final for r in self.runs])
 
     @property
     def best(self) -> tuple[float, float | None]:
-        return mean_std([r.best_val_loss for r in self.runs])
+        return mean_std([r.best for r in self.runs])
 
     @property
     def final_tokens(self) -> float:
@@ -110,6 +121,7 @@ class GroupResult:
 @dataclass
 class Report:
     roots: list[Path]
+    metric: Metric
     columns: list[Column]
     common: str
     groups: list[GroupResult]
@@ -119,123 +131,170 @@ class Report:
     target_note: str
     fit: PowerLaw | None
     fit_note: str
+    paired: bool  # pairing allowed (not --unpaired)
+    panels: list[Metric] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
     def n_runs(self) -> int:
         return sum(g.n for g in self.groups)
 
+    @property
+    def n_compared(self) -> int:
+        return sum(g.comparison is not None for g in self.groups)
+
 
 def build_report(
-    roots: Sequence[Path], baseline: Sequence[str] = (), target: float | None = None, best: bool = False
+    roots: Sequence[Path],
+    baseline: Sequence[str] = (),
+    target: float | None = None,
+    best: bool = False,
+    metric: str = "val/loss",
+    direction: str | None = None,
+    paired: bool = True,
 ) -> Report:
-    """Read, check, group and compare the runs under `roots`; AnalysisError on bad input."""
+    """Read, check, group and compare the runs under `roots`; AnalysisError on bad input.
+
+    metric: the metrics.jsonl key compared; direction: "lower" / "higher" to override which way it
+    is better (mars.analysis.metric); paired=False: Welch's test and unpaired intervals everywhere.
+    """
     parse_baseline(baseline)  # a malformed --baseline fails before anything is read
+    m = metric_of(metric, direction)
     if target is not None and not math.isfinite(target):
-        raise AnalysisError(f"--target {target} is not a finite loss")
+        raise AnalysisError(f"--target {target} is not a finite value")
     runs = load_runs(list(roots))
-    require_val_loss(runs)
+    require_metric(runs, m.key)
     check_comparable(runs)
     groups = group_runs(runs)
     columns = varying_columns([g.item for g in groups])
     groups = sort_groups(groups, columns)
     labels = [label(columns, g.item) for g in groups]
-    base_index, base_note = select_baseline(groups, baseline, columns, labels, best=best)
-    results = [_group_result(g, text, columns) for g, text in zip(groups, labels, strict=True)]
-    base = results[base_index]
+    base_index, base_note = select_baseline(groups, baseline, columns, labels, best=best, metric=m)
+    second = metric_of("val/loss" if m.key == "train/loss" else "train/loss")
+    panels = [m, second] if any(second.key in r.metrics for r in runs) else [m]  # the figure's panels
+    results = [_group_result(g, text, columns, panels) for g, text in zip(groups, labels, strict=True)]
+    base, base_runs = results[base_index], groups[base_index].runs
     base.baseline = True
+    speedups = Speedups(m, target)
+    target_value = speedups.target(base_runs)
     if target is None:
-        target = base.final[0]
-        target_note = "the baseline's mean final val loss"
-        if not math.isfinite(target):
-            raise AnalysisError("the baseline's final val loss is not finite (diverged?): pass --target LOSS")
+        target_note = f"the baseline's mean final {m.title}"
+        if not math.isfinite(target_value):
+            raise AnalysisError(
+                f"the baseline's final {m.title} is not finite (diverged?): pass --target VALUE"
+            )
     else:
         target_note = "--target"
-    fit, fit_note = None, ""
-    try:
-        if base.val is None:
-            raise FitError("the baseline's seeds share no token range")
-        fit = fit_power_law(base.val.points())
-    except FitError as e:
-        fit_note = str(e)
+    fit = speedups.fit(base_runs)
     for g, group in zip(results, groups, strict=True):
         for r, run in zip(g.runs, group.runs, strict=True):
-            r.tokens_to_target = tokens_to_target(run.val, target)
-        g.tokens_to_target_curve = tokens_to_target(g.val.points(), target) if g.val is not None else None
-    for g in results:
-        _compare(g, base, fit, fit_note)
-    warnings = _warnings(groups, results)
+            r.tokens_to_target = tokens_to_target(run.curve(m.key), target_value, m.higher_is_better)
+        g.tokens_to_target_curve = speedups.crossing(group.runs, target_value)
+    for g, group in zip(results, groups, strict=True):
+        _compare(g, group.runs, base_runs, speedups, m, paired)
+    compared = [g for g in results if g.comparison is not None]
+    for g, p in zip(compared, holm([g.comparison.p for g in compared]), strict=True):
+        g.comparison.p_holm = p
     return Report(
         roots=list(roots),
+        metric=m,
         columns=columns,
         common=common_description(columns, [g.item for g in groups]),
         groups=results,
         baseline=base_index,
         baseline_note=base_note,
-        target=float(target),
+        target=float(target_value),
         target_note=target_note,
-        fit=fit,
-        fit_note=fit_note,
-        warnings=warnings,
+        fit=None if isinstance(fit, str) else fit,
+        fit_note=fit if isinstance(fit, str) else "",
+        paired=paired,
+        panels=panels,
+        warnings=_warnings(groups, results, m),
     )
 
 
-def _group_result(group: Group, text: str, columns: Sequence[Column]) -> GroupResult:
+def _group_result(
+    group: Group, text: str, columns: Sequence[Column], panels: Sequence[Metric]
+) -> GroupResult:
+    key = panels[0].key
     runs = [
         RunResult(
             path=str(r.path),
             seed=seeds_of(r)[0],
             data_seed=seeds_of(r)[1],
-            final_val_loss=r.final_val,
-            best_val_loss=r.best_val,
-            final_tokens=r.final_val_tokens,
+            final=r.final(key),
+            best=panels[0].best([v for _, v in r.curve(key)]),
+            final_tokens=r.final_tokens(key),
             tokens_to_target=None,
         )
         for r in group.runs
     ]
-    return GroupResult(
-        label=text,
-        cells=[cell(c, group.item) for c in columns],
-        runs=runs,
-        val=mean_curve([r.val for r in group.runs]),
-        train=mean_curve([r.train for r in group.runs]) if all(r.train for r in group.runs) else None,
-    )
+    bands = [
+        mean_curve([r.curve(p.key) for r in group.runs])
+        if all(p.key in r.metrics for r in group.runs)
+        else None
+        for p in panels
+    ]
+    return GroupResult(label=text, cells=[cell(c, group.item) for c in columns], runs=runs, bands=bands)
 
 
-def _compare(g: GroupResult, base: GroupResult, fit: PowerLaw | None, fit_note: str) -> None:
-    """Fill in the group's speedups and its test against the baseline."""
-    base_t = base.tokens_to_target_curve
-    if base_t is None:
-        g.speedup_note = "the baseline does not reach the target"
-    elif g.tokens_to_target_curve is None:
-        g.speedup_note = "does not reach the target"
-    elif g.tokens_to_target_curve > 0:
-        g.speedup = base_t / g.tokens_to_target_curve
+def _compare(
+    g: GroupResult,
+    group: list[Run],
+    base_runs: list[Run],
+    speedups: Speedups,
+    m: Metric,
+    paired: bool,
+) -> None:
+    """Fill in the group's speedups, their intervals and its tests against the baseline."""
+    value = speedups.speedup(group, base_runs)
+    g.speedup, g.speedup_note = (None, value) if isinstance(value, str) else (value, "")
+    result = speedups.effective(group, base_runs)
+    if isinstance(result, str):
+        g.effective_note = result
     else:
-        g.speedup_note = "reaches the target at 0 tokens"
-    if fit is None:
-        g.effective_note = f"fit failed: {fit_note}"
-    else:
-        loss = g.final[0]
-        g.effective_tokens = fit.tokens_for(loss)
-        if not math.isfinite(loss):
-            g.effective_note = "final loss is not finite"
-        elif g.effective_tokens is None:
-            g.effective_note = f"final loss {loss:.4g} <= the fit's asymptote c = {fit.c:.4g}"
-        else:
-            g.effective_speedup = g.effective_tokens / g.final_tokens
-            g.extrapolated = bool(g.effective_tokens > fit.max_tokens * (1 + 1e-9))
+        g.effective_tokens, g.effective_speedup = result
+        fit = speedups.fit(base_runs)
+        g.extrapolated = bool(g.effective_tokens > fit.max_tokens * (1 + 1e-9))
     if g.baseline:
-        g.welch_note = "baseline"
+        g.welch_note = g.comparison_note = g.speedup_ci_note = g.effective_ci_note = "baseline"
+        return
+    order, why_not = pairing(group, base_runs) if paired else ([], "--unpaired")
+    mine = [group[i] for i in order] if order else group
+    if g.speedup is None:
+        g.speedup_ci_note = "no estimate"
     else:
-        result = welch([r.final_val_loss for r in g.runs], [r.final_val_loss for r in base.runs])
-        if isinstance(result, Welch):
-            g.welch = result
-        else:
-            g.welch_note = result
+        g.speedup_ci, g.speedup_ci_note = _jackknife(speedups.speedup, mine, base_runs, bool(order))
+    if g.effective_speedup is None:
+        g.effective_ci_note = "no estimate"
+    else:
+        g.effective_ci, g.effective_ci_note = _jackknife(
+            speedups.effective_speedup, mine, base_runs, bool(order)
+        )
+    finals = [r.final(m.key) for r in mine]
+    base_finals = [r.final(m.key) for r in base_runs]
+    result = welch(finals, base_finals)
+    g.welch, g.welch_note = (None, result) if isinstance(result, str) else (result, "")
+    comparison = compare(finals, base_finals, paired=bool(order))
+    if isinstance(comparison, str):
+        g.comparison_note = comparison
+    else:
+        g.comparison = comparison
+        g.comparison_note = "" if order else why_not
 
 
-def _warnings(groups: Sequence[Group], results: Sequence[GroupResult]) -> list[str]:
+def _jackknife(estimate, group: list[Run], base: list[Run], paired: bool) -> tuple[Interval | None, str]:
+    """The jackknife interval of estimate(group runs, baseline runs), or (None, why there is none)."""
+    interval = jackknife_interval(
+        lambda keep, keep_base: estimate([group[i] for i in keep], [base[j] for j in keep_base]),
+        len(group),
+        len(base),
+        paired=paired,
+    )
+    return (None, interval) if isinstance(interval, str) else (interval, "")
+
+
+def _warnings(groups: Sequence[Group], results: Sequence[GroupResult], m: Metric) -> list[str]:
     out = []
     for g, res in zip(groups, results, strict=True):
         name = res.label or "all runs"
@@ -246,11 +305,11 @@ def _warnings(groups: Sequence[Group], results: Sequence[GroupResult]) -> list[s
             short = [r.path for r in res.runs if r.final_tokens < max(ends)]
             out.append(
                 f"{name}: runs end at different tokens ({', '.join(_tokens(t) for t in sorted(ends))}); "
-                f"{', '.join(short)} stopped early (killed?), so its final loss is from earlier in training"
+                f"{', '.join(short)} stopped early (killed?), so its final value is from earlier in training"
             )
         for r in res.runs:
-            if not math.isfinite(r.final_val_loss):
-                out.append(f"{r.path}: final val loss is {r.final_val_loss} (diverged?)")
+            if not math.isfinite(r.final):
+                out.append(f"{r.path}: final {m.title} is {r.final} (diverged?)")
     return out
 
 
@@ -291,36 +350,47 @@ def _effective(g: GroupResult) -> str:
     return f"{g.effective_speedup:.2f}x" + ("*" if g.extrapolated else "")
 
 
-def _p(g: GroupResult) -> tuple[str, str]:
-    if g.welch is None:
-        return ("-", "-") if g.baseline else (f"n/a ({g.welch_note})", "-")
-    return f"{g.welch.p:.3g}", "yes" if g.welch.significant else "no"
+def _interval(ci: Interval | None, note: str) -> str:
+    if ci is not None:
+        return f"{ci.low:.2f}x - {ci.high:.2f}x"
+    return "-" if note in ("baseline", "no estimate") else f"n/a ({note})"
 
 
-HEADERS = (
-    "seeds",
-    "final val loss",
-    "best val loss",
-    "reached target",
-    "tokens to target (per run)",
-    "tokens to target (mean curve)",
-    "speedup",
-    "effective-data speedup",
-    "p (Welch)",
-    f"p < {ALPHA:g}",
-)
+def _headers(report: Report) -> tuple[str, ...]:
+    title = report.metric.title
+    return (
+        "seeds",
+        f"final {title}",
+        f"best {title}",
+        "reached target",
+        "tokens to target (per run)",
+        "tokens to target (mean curve)",
+        "speedup",
+        "effective-data speedup",
+        f"speedup {LEVEL:.0%} CI",
+        f"effective-data {LEVEL:.0%} CI",
+    )
+
+
+def _label_cells(g: GroupResult) -> list[str]:
+    cells = [v if v is not None else "-" for v in g.cells] or ["all runs"]
+    if g.baseline:
+        cells[0] = f"**{cells[0]}**"
+    return cells
+
+
+def _table(keys: list[str], headers: Sequence[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join([*keys, *headers]) + " |", "|" + "---|" * len(keys) + "---:|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def markdown_table(report: Report) -> str:
-    """One row per group: its values in the varying columns, then the statistics."""
+    """One row per group: its values in the varying columns, then what it did and its speedups."""
     keys = [c.header for c in report.columns] or ["group"]
-    lines = ["| " + " | ".join([*keys, *HEADERS]) + " |", "|" + "---|" * len(keys) + "---:|" * len(HEADERS)]
-    for g in report.groups:
-        cells = [v if v is not None else "-" for v in g.cells] or ["all runs"]
-        if g.baseline:
-            cells[0] = f"**{cells[0]}**"
-        row = [
-            *cells,
+    rows = [
+        [
+            *_label_cells(g),
             str(g.n),
             _pm(*g.final),
             _pm(*g.best),
@@ -329,42 +399,127 @@ def markdown_table(report: Report) -> str:
             _tokens(g.tokens_to_target_curve),
             _speedup(g),
             _effective(g),
-            *_p(g),
+            _interval(g.speedup_ci, g.speedup_ci_note),
+            _interval(g.effective_ci, g.effective_ci_note),
         ]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        for g in report.groups
+    ]
+    return _table(keys, _headers(report), rows)
+
+
+def verdict(report: Report, g: GroupResult) -> str:
+    c = g.comparison
+    if c is None:
+        return "-"
+    if not c.significant:
+        return "not resolved"
+    return "better" if report.metric.better(c.difference) else "worse"
+
+
+def _seeds_needed(c: Comparison) -> str:
+    if c.seeds_needed is not None:
+        return str(c.seeds_needed)
+    return "- (no difference)" if c.difference == 0 else f"> {MAX_SEEDS:,}"
+
+
+def comparison_table(report: Report) -> str:
+    """One row per group other than the baseline: the test, the difference, p, Holm's p, the verdict,
+    and what the seeds could detect."""
+    keys = [c.header for c in report.columns] or ["group"]
+    title = report.metric.title
+    headers = (
+        "test",
+        f"difference in final {title} ({LEVEL:.0%} CI)",
+        "p",
+        "p (Holm)",
+        "verdict",
+        f"detectable difference ({POWER:.0%} power)",
+        f"seeds needed ({POWER:.0%} power)",
+    )
+    rows = []
+    for g in report.groups:
+        if g.baseline:
+            continue
+        c = g.comparison
+        if c is None:
+            rows.append([*_label_cells(g), f"n/a ({g.comparison_note})", *["-"] * (len(headers) - 1)])
+            continue
+        test = c.test if not g.comparison_note else f"{c.test} ({g.comparison_note})"
+        rows.append(
+            [
+                *_label_cells(g),
+                f"{test}, n={c.n}" if c.test == "paired" else f"{test}, n={c.n} vs {c.n_baseline}",
+                f"{c.difference:+.4f} ({c.ci[0]:+.4f} to {c.ci[1]:+.4f})",
+                f"{c.p:.3g}",
+                f"{c.p_holm:.3g}" if c.p_holm is not None else "-",
+                verdict(report, g),
+                f"{c.detectable:.4f}",
+                _seeds_needed(c),
+            ]
+        )
+    return _table(keys, headers, rows)
 
 
 def header_lines(report: Report) -> list[str]:
     roots = ", ".join(f"`{r}`" for r in report.roots)
+    m = report.metric
     lines = [
         f"Runs: {report.n_runs} in {len(report.groups)} group(s) under {roots}"
         + (f"; shared: {report.common}" if report.common else ""),
+        f"Metric: {m.key} ({m.direction} is better; {m.why})",
         f"Baseline (bold): {report.baseline_note}",
-        f"Target val loss: {report.target:.4f} ({report.target_note})",
+        f"Target {m.title}: {report.target:.4f} ({report.target_note})",
     ]
     if report.fit is not None:
         f = report.fit
         lines.append(
-            f"Fit of the baseline's mean val curve: L(D) = a * D^-b + c with a = {f.a:.4g}, b = {f.b:.4g}, "
+            f"Fit of the baseline's mean curve: L(D) = a * D^-b + c with a = {f.a:.4g}, b = {f.b:.4g}, "
             f"c = {f.c:.4g} ({f.n_points} points, RMSE {f.rmse:.2g})"
         )
     else:
-        lines.append(f"Fit of the baseline's mean val curve: failed ({report.fit_note})")
+        lines.append(f"Fit of the baseline's mean curve: failed ({report.fit_note})")
     return lines
+
+
+def comparison_lines(report: Report) -> list[str]:
+    m = report.n_compared
+    pairing = (
+        "paired t-test where a group ran the baseline's seeds, else Welch's test"
+        if report.paired
+        else ("Welch's test (--unpaired)")
+    )
+    return [
+        f"Against the baseline: {pairing}; p (Holm) corrected over the {m} comparison(s) with the baseline, "
+        f"verdict at p (Holm) < {ALPHA:g}; detectable difference and seeds needed at {POWER:.0%} power, "
+        f"alpha {ALPHA:g}, from the observed spread."
+    ]
 
 
 NOTES = """\
 - seeds: runs pooled into the group (same settings, different train.seed / train.data_seed).
-- final / best val loss: mean ± sample std over seeds (`-`: one seed).
-- reached target / tokens to target (per run): runs whose val curve gets to the target, and where
+- final / best: the metric's last and best value per run, mean ± sample std over seeds (`-`: one
+  seed).
+- reached target / tokens to target (per run): runs whose curve gets to the target, and where
   (interpolated linearly in tokens between evaluations), mean ± std over the runs that reach it.
-- tokens to target (mean curve): where the seed-mean val curve reaches the target.
+- tokens to target (mean curve): where the seed-mean curve reaches the target.
 - speedup: the baseline's tokens to target / the group's, both from the mean curves.
-- effective-data speedup: D_eff / the group's tokens, where D_eff = L^-1(group's mean final loss)
-  on the fit above: the baseline tokens that loss would take (`*`: beyond the tokens the fit saw).
-- p (Welch): Welch's t-test of the group's final val losses against the baseline's (two-sided);
-  with 3 seeds a side it detects only differences several times the seed spread."""
+- effective-data speedup: D_eff / the group's tokens, where D_eff = L^-1(group's mean final value)
+  on the fit above: the baseline tokens that value would take (`*`: beyond the tokens the fit saw).
+- 95% CI of the speedups: jackknife over seeds (leave one seed out, recompute the speedup and the
+  default target; log scale; Student's t), seeds left out of both sides together where paired.
+- test: `paired` when the group ran exactly the baseline's seeds (train.seed and data seed), each
+  once: the per-seed differences are tested (scipy.stats.ttest_rel), n pairs; otherwise `Welch`
+  (scipy.stats.ttest_ind, equal_var=False), with the reason. `--unpaired` uses Welch everywhere.
+- difference: mean final value of the group minus the baseline's (paired: the mean of the per-seed
+  differences), with its 95% t confidence interval.
+- p: two-sided, uncorrected. p (Holm): Holm's step-down correction over all m groups compared with
+  the baseline: sort the m p-values, multiply the k-th smallest by m - k + 1, keep them
+  non-decreasing, cap at 1. A verdict is `better` / `worse` only where p (Holm) < 0.05, which
+  keeps the chance of any false verdict among the m at most 5%; otherwise `not resolved` (the seeds
+  cannot tell; it does not mean equal).
+- detectable difference: the smallest true difference this test, with these seeds and the observed
+  spread, finds with 80% power at alpha 0.05 (uncorrected). seeds needed: seeds per side (pairs when
+  paired) for 80% power at the observed difference, if the spread stays as observed."""
 
 
 def render_markdown(report: Report, figures: Sequence[str] = ()) -> str:
@@ -375,6 +530,8 @@ def render_markdown(report: Report, figures: Sequence[str] = ()) -> str:
         "",
         markdown_table(report),
     ]
+    if report.n_compared or len(report.groups) > 1:
+        parts += ["", *comparison_lines(report), "", comparison_table(report)]
     parts += ["", NOTES]
     if report.warnings:
         parts += ["", "Warnings:", *(f"- {w}" for w in report.warnings)]
@@ -383,34 +540,60 @@ def render_markdown(report: Report, figures: Sequence[str] = ()) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _jsonable(v: Any) -> Any:
-    """JSON has no NaN / inf: write them as strings, as metrics.jsonl does."""
-    if hasattr(v, "item") and not isinstance(v, (list, tuple, dict)):
-        v = v.item()  # numpy scalars
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    return v
-
-
 def _stat(mean_and_std: tuple[float, float | None]) -> dict:
     return {"mean": mean_and_std[0], "std": mean_and_std[1]}
 
 
+def _interval_json(ci: Interval | None, note: str) -> dict:
+    if ci is None:
+        return {"note": note or None}
+    return {"low": ci.low, "high": ci.high, "level": ci.level, "method": ci.method, "df": ci.df}
+
+
+def _comparison_json(report: Report, g: GroupResult) -> dict:
+    c = g.comparison
+    if c is None:
+        return {"note": g.comparison_note}
+    return {
+        "test": c.test,
+        "why": g.comparison_note or None,
+        "n": c.n,
+        "n_baseline": c.n_baseline,
+        "difference": c.difference,
+        "ci": list(c.ci),
+        "se": c.se,
+        "t": c.t,
+        "df": c.df,
+        "p": c.p,
+        "p_holm": c.p_holm,
+        "significant": c.significant,
+        "verdict": verdict(report, g),
+        "per_seed_differences": c.differences or None,
+        "detectable_difference": c.detectable,
+        "seeds_needed": c.seeds_needed,
+    }
+
+
 def to_json(report: Report) -> dict:
+    legacy = report.metric.key == "val/loss"  # readers written before --metric
     groups = []
     for g in report.groups:
+        final, best = _stat(g.final), _stat(g.best)
+        runs = []
+        for r in g.runs:
+            run = {"path": r.path, "seed": r.seed, "data_seed": r.data_seed, "final": r.final, "best": r.best}
+            if legacy:
+                run.update(final_val_loss=r.final, best_val_loss=r.best)
+            runs.append({**run, "final_tokens": r.final_tokens, "tokens_to_target": r.tokens_to_target})
         groups.append(
             {
                 "label": g.label,
                 "values": {c.key: v for c, v in zip(report.columns, g.cells, strict=True)},
                 "baseline": g.baseline,
                 "n_seeds": g.n,
-                "final_val_loss": _stat(g.final),
-                "best_val_loss": _stat(g.best),
+                "final": final,
+                "best": best,
+                **({"final_val_loss": final, "best_val_loss": best} if legacy else {}),
                 "final_tokens": g.final_tokens,
                 "tokens_to_target": {
                     "reached": len(g.reached),
@@ -420,18 +603,21 @@ def to_json(report: Report) -> dict:
                 },
                 "speedup": g.speedup,
                 "speedup_note": g.speedup_note or None,
+                "speedup_interval": _interval_json(g.speedup_ci, g.speedup_ci_note),
                 "effective_data": {
                     "tokens": g.effective_tokens,
                     "speedup": g.effective_speedup,
                     "extrapolated": g.extrapolated,
                     "note": g.effective_note or None,
+                    "interval": _interval_json(g.effective_ci, g.effective_ci_note),
                 },
                 "welch": (
                     {"t": g.welch.t, "df": g.welch.df, "p": g.welch.p, "significant": g.welch.significant}
                     if g.welch
                     else {"note": g.welch_note}
                 ),
-                "runs": [vars(r) for r in g.runs],
+                "comparison": _comparison_json(report, g),
+                "runs": runs,
             }
         )
     fit = (
@@ -439,16 +625,22 @@ def to_json(report: Report) -> dict:
         if report.fit
         else {"error": report.fit_note}
     )
-    return _jsonable(
+    m = report.metric
+    return jsonable(
         {
             "roots": [str(r) for r in report.roots],
+            "metric": {"key": m.key, "higher_is_better": m.higher_is_better, "direction_from": m.why},
             "columns": [c.key for c in report.columns],
             "common": report.common,
             "baseline": {"index": report.baseline, "label": report.groups[report.baseline].label,
                          "how": report.baseline_note},
-            "target": {"loss": report.target, "source": report.target_note},
+            "target": {"value": report.target, "loss": report.target, "source": report.target_note},
             "fit": {"formula": "L(D) = a * D^-b + c", **fit},
             "alpha": ALPHA,
+            "power": POWER,
+            "level": LEVEL,
+            "correction": {"method": "holm", "comparisons": report.n_compared},
+            "paired": report.paired,
             "groups": groups,
             "warnings": report.warnings,
         }
@@ -459,10 +651,16 @@ def write_report(report: Report, out: Path) -> list[Path]:
     """report.md, report.json, report_curves.png/.pdf and, for exactly two varying keys, a heatmap."""
     out.mkdir(parents=True, exist_ok=True)
     curves = [
-        GroupCurves(g.label or "all runs", g.val, g.train, baseline=g.baseline, n_seeds=g.n)
-        for g in report.groups
+        GroupCurves(g.label or "all runs", g.bands, baseline=g.baseline, n_seeds=g.n) for g in report.groups
     ]
-    figures = plot_groups(out / "report_curves.png", curves, report.target, title=report.common or None)
+    figures = plot_groups(
+        out / "report_curves.png",
+        curves,
+        report.target,
+        title=report.common or None,
+        panels=[p.axis_label for p in report.panels],
+        higher_is_better=report.metric.higher_is_better,
+    )
     if len(report.columns) == 2:
         figures += _heatmap(report, out / "report_heatmap.png")
     md, js = out / "report.md", out / "report.json"
@@ -476,17 +674,19 @@ def _heatmap(report: Report, path: Path) -> list[Path]:
     cells: dict[tuple[str, str], list[float]] = {}
     for g in report.groups:
         r, c = (v if v is not None else "-" for v in g.cells)
-        cells.setdefault((r, c), []).extend(x.final_val_loss for x in g.runs)
+        cells.setdefault((r, c), []).extend(x.final for x in g.runs)
     rows = sorted({k[0] for k in cells}, key=lambda v: value_key(None if v == "-" else v))
     cols = sorted({k[1] for k in cells}, key=lambda v: value_key(None if v == "-" else v))
+    what = f"mean final {report.metric.title}"
     return heatmap(
         path,
         rows_col.key,
         cols_col.key,
         cells,
-        "mean final val loss",
+        what,
         rows,
         cols,
-        title="mean final val loss ± std over seeds" + (f"\n{report.common}" if report.common else ""),
+        title=f"{what} ± std over seeds" + (f"\n{report.common}" if report.common else ""),
         pdf=True,
+        higher_is_better=report.metric.higher_is_better,
     )

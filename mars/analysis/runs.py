@@ -1,28 +1,29 @@
-"""Reading what train.py leaves in a run dir: the resolved config, the overrides and the metrics.
+"""The run table: what train.py leaves in a run dir (resolved config, overrides, every logged metric).
 
 A run dir is any dir holding ``.hydra/config.yaml`` (a sweep job ``SWEEP/N/`` or a plain run
-``outputs/DATE/TIME/``). ``metrics.jsonl`` holds one JSON object per line; values may be the
-strings "nan"/"inf" (JSON has no non-finite floats) and the last line may be cut short by a kill,
-so reading is tolerant of both.
+``outputs/DATE/TIME/``). Its ``metrics.jsonl`` is read by mars.metrics_jsonl, the format's one
+reader (shared with the trainer): "nan"/"inf" strings become floats, a line cut short by a kill is
+skipped.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
 from mars.analysis.errors import AnalysisError
+from mars.metrics_jsonl import METRICS_FILE as METRICS
+from mars.metrics_jsonl import read_metrics, to_float
 
 CONFIG = Path(".hydra") / "config.yaml"
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 HYDRA = Path(".hydra") / "hydra.yaml"
-METRICS = "metrics.jsonl"
 MULTIRUN = "multirun.yaml"  # Hydra writes it into the sweep dir, next to the job dirs
 
 
@@ -38,33 +39,6 @@ def find_run_dirs(root: Path) -> list[Path]:
     if (root / CONFIG).is_file():
         found.add(root)
     return sorted(found, key=natural_key)
-
-
-def to_float(value: Any) -> float | None:
-    """A metric value as a float ("nan"/"inf" strings included); None when it is not a number."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl, skipping a line cut short by a kill (or any other bad line)."""
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
-    return records
 
 
 def flatten(cfg: dict, prefix: str = "") -> dict[str, Any]:
@@ -126,62 +100,126 @@ def read_choices(run_dir: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra") and v is not None}
 
 
-@dataclass
-class Run:
-    """One run dir: its config, overrides and loss curves as (tokens, loss) points in logged order."""
+class Point(NamedTuple):
+    """One logged value of one metric: the line's step, tokens and time (nan when not logged)."""
 
-    path: Path
-    sweep: Path  # the Hydra sweep it belongs to (the dir holding multirun.yaml), else the dir given
-    config: dict
-    overrides: dict[str, str]
+    step: float
+    tokens: float
+    seconds: float
+    value: float  # may be nan / inf: a diverged evaluation stays visible
+
+
+@dataclass(eq=False)
+class Run:
+    """The run table: every metric a run logged (steps x keys), with the run's config and overrides.
+
+    Built from a run dir (load_run) or from a W&B CSV export (mars.analysis.wandb_csv); report,
+    plots and the sweep summary all read runs through it. `metrics` maps each logged key to its
+    points in logged order; "step", "tokens" and "time" are the columns every point carries.
+    """
+
+    path: Path | None = None
+    sweep: Path | None = (
+        None  # the Hydra sweep it belongs to (the dir holding multirun.yaml), else the dir given
+    )
+    config: dict = field(default_factory=dict)
+    overrides: dict[str, str] = field(default_factory=dict)
     choices: dict[str, str] = field(default_factory=dict)
-    val: list[tuple[float, float]] = field(default_factory=list)
-    train: list[tuple[float, float]] = field(default_factory=list)
+    metrics: dict[str, list[Point]] = field(default_factory=dict)
+    label: str = ""  # how a plot names it (set by plot_curves)
     has_metrics: bool = False
     last_step: int = 0
     last_tokens: float = 0.0
 
-    @property
+    @cached_property
     def flat(self) -> dict[str, Any]:
         return flatten(self.config)
 
     @property
-    def final_val(self) -> float:
-        return self.val[-1][1] if self.val else math.nan
+    def keys(self) -> list[str]:
+        return sorted(self.metrics)
+
+    def curve(self, key: str) -> list[tuple[float, float]]:
+        """(tokens, value) of a metric in logged order, non-finite values included."""
+        return [(p.tokens, p.value) for p in self.metrics.get(key, ())]
+
+    def points(self, key: str) -> list[tuple[float, float, float]]:
+        """(tokens, seconds, value) of a metric's finite values, in logged order."""
+        return [(p.tokens, p.seconds, p.value) for p in self.metrics.get(key, ()) if math.isfinite(p.value)]
+
+    def final(self, key: str) -> float:
+        """The last logged value of a metric (nan when it was never logged, or diverged)."""
+        series = self.metrics.get(key)
+        return series[-1].value if series else math.nan
+
+    def final_tokens(self, key: str) -> float:
+        series = self.metrics.get(key)
+        return series[-1].tokens if series else math.nan
 
     @property
-    def final_val_tokens(self) -> float:
-        return self.val[-1][0] if self.val else math.nan
+    def train(self) -> list[tuple[float, float, float]]:
+        return self.points("train/loss")
 
     @property
-    def best_val(self) -> float:
-        finite = [v for _, v in self.val if math.isfinite(v)]
-        return min(finite) if finite else math.nan
+    def val(self) -> list[tuple[float, float, float]]:
+        return self.points("val/loss")
+
+    @property
+    def paper_key(self) -> tuple[str, str] | None:
+        """The paper's reference entry this run reproduces (mars.analysis.paper), if any."""
+        from mars.analysis.labels import describe
+
+        return describe(self.config)[1] if self.config else None
+
+    def add(self, key: str, point: Point) -> None:
+        self.metrics.setdefault(key, []).append(point)
 
 
-def load_run(path: Path, sweep: Path, with_metrics: bool = True) -> Run:
-    """A run dir's config, overrides, config-group choices and (unless with_metrics=False) curves."""
+AXES = ("step", "tokens", "time")  # the columns of every line, not metrics
+
+
+def load_run(path: Path, sweep: Path | None = None, with_metrics: bool = True) -> Run:
+    """A run dir's config, overrides, config-group choices and (unless with_metrics=False) metrics."""
     overrides_path = path / OVERRIDES
     overrides = parse_overrides(_load_yaml(overrides_path) or []) if overrides_path.is_file() else {}
     run = Run(
-        path=path, sweep=sweep, config=read_config(path), overrides=overrides, choices=read_choices(path)
+        path=path,
+        sweep=path.parent if sweep is None else sweep,
+        config=read_config(path),
+        overrides=overrides,
+        choices=read_choices(path),
     )
     metrics = path / METRICS
-    if not metrics.is_file() or not with_metrics:
-        run.has_metrics = metrics.is_file()
+    run.has_metrics = metrics.is_file()
+    if not run.has_metrics or not with_metrics:
         return run
-    run.has_metrics = True
     for rec in read_metrics(metrics):
         tokens = to_float(rec.get("tokens"))
-        step = to_float(rec.get("step"))
         if tokens is None:
             continue
+        step = to_float(rec.get("step"))
+        seconds = to_float(rec.get("time"))
+        step = math.nan if step is None else step
+        seconds = math.nan if seconds is None else seconds
         run.last_tokens = max(run.last_tokens, tokens)
-        run.last_step = max(run.last_step, int(step or 0))
-        for key, dest in (("val/loss", run.val), ("train/loss", run.train)):
-            value = to_float(rec.get(key))
-            if value is not None:
-                dest.append((tokens, value))
+        if math.isfinite(step):
+            run.last_step = max(run.last_step, int(step))
+        for key, raw in rec.items():
+            value = to_float(raw)
+            if value is not None and key not in AXES:
+                run.add(key, Point(step, tokens, seconds, value))
+    return run
+
+
+def read_run(run_dir: Path) -> Run:
+    """A run dir with its metrics, labelled on its own (labels.describe); one line of error without
+    a metrics.jsonl."""
+    from mars.analysis.labels import describe
+
+    if not (run_dir / METRICS).is_file():
+        raise AnalysisError(f"{run_dir / METRICS} not found (expected a run dir written by train.py)")
+    run = load_run(run_dir)
+    run.label = describe(run.config)[0]
     return run
 
 
@@ -207,15 +245,21 @@ def load_runs(roots: list[Path]) -> list[Run]:
     return runs
 
 
-def require_val_loss(runs: list[Run]) -> None:
-    """Every run must have logged val/loss: name the ones that did not, and why."""
+def require_metric(runs: list[Run], key: str = "val/loss") -> None:
+    """Every run must have logged the metric: name the ones that did not, and why."""
+    if runs and all(r.has_metrics for r in runs) and not any(key in r.metrics for r in runs):
+        logged = sorted({k for r in runs for k in r.metrics})
+        raise AnalysisError(
+            f"no run logged {key} (logged: {', '.join(logged) or 'nothing'}): choose one with --metric KEY"
+        )
     bad = [
-        f"{r.path} ({'no metrics.jsonl' if not r.has_metrics else 'no val/loss line'})"
+        f"{r.path} ({'no metrics.jsonl' if not r.has_metrics else f'no {key} line'})"
         for r in runs
-        if not r.val
+        if key not in r.metrics
     ]
     if bad:
+        what = "validation loss" if key == "val/loss" else key
         raise AnalysisError(
-            f"{len(bad)} run(s) without validation loss: {', '.join(bad)}; "
+            f"{len(bad)} run(s) without {what}: {', '.join(bad)}; "
             "let them finish an evaluation or move them out of the dirs given"
         )

@@ -10,8 +10,10 @@ each other. The rule, in one place:
   e.g. gamma for AdamW) is dropped: run dirs written before optimizer configs were strict still
   carry such keys, and they must neither split groups nor appear in labels;
 * every other key is a setting: runs that differ in one are never averaged together;
-* COMPARABILITY_KEYS (training length, batch, data, model shape) may differ between groups only
-  when a sweep varied them on purpose (see mars.analysis.groups.check_comparable).
+* COMPARABILITY_KEYS (training length, batch, data, model architecture and shape: model.arch and
+  each architecture's spec.shape_keys, mars.model.spec) may differ between groups only when a sweep
+  varied them on purpose (see mars.analysis.groups.check_comparable);
+* a run config without model.arch (written before there were two architectures) is GPT-2's.
 """
 
 from __future__ import annotations
@@ -37,9 +39,39 @@ IGNORED_KEYS = frozenset(
 )
 IGNORED_PREFIXES = ("logger.", "downstream.", "hydra.")
 
-MODEL_SHAPE_KEYS = ("model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.vocab_size")
-DATA_KEYS = ("data.name", "data.dir", "data.hf_path", "data.hf_config", "data.paths")
-COMPARABILITY_KEYS = ("train.max_steps", "train.global_batch_size", *DATA_KEYS, *MODEL_SHAPE_KEYS)
+DATA_KEYS = ("data.name", "data.dir", "data.hf_path", "data.hf_config", "data.paths", "data.tokenizer")
+
+
+def model_shape_keys() -> tuple[str, ...]:
+    """model.arch and the shape keys of every registered architecture (mars.model.spec)."""
+    from mars.model.spec import arch, arch_names
+
+    keys = dict.fromkeys(["model.arch"])
+    for name in arch_names():
+        keys.update(dict.fromkeys(f"model.{k}" for k in arch(name).shape_keys))
+    return tuple(keys)
+
+
+def comparability_keys() -> tuple[str, ...]:
+    return ("train.max_steps", "train.global_batch_size", *DATA_KEYS, *model_shape_keys())
+
+
+def with_defaults(flat: dict[str, Any]) -> dict[str, Any]:
+    """The flat config with what older run configs leave out: model.arch (gpt2), data.tokenizer (gpt2)."""
+    if any(k.startswith("model.") for k in flat) and "model.arch" not in flat:
+        flat = {**flat, "model.arch": "gpt2"}
+    if any(k.startswith("data.") for k in flat) and "data.tokenizer" not in flat:
+        flat = {**flat, "data.tokenizer": "gpt2"}
+    return flat
+
+
+def model_key_applies(key: str, arch_name: Any) -> bool:
+    """Whether a model.* key is a field of that architecture's config (an unknown one keeps every key)."""
+    from mars.model.spec import arch, arch_names
+
+    if not key.startswith("model.") or str(arch_name) not in arch_names():
+        return True
+    return key.split(".", 2)[1] in arch(str(arch_name)).config.__dataclass_fields__
 
 
 def is_ignored(key: str) -> bool:
@@ -63,6 +95,7 @@ def applies(key: str, optimizer: Any) -> bool:
 
 def settings_of(flat: dict[str, Any], keep_seeds: bool = False) -> dict[str, Any]:
     """The settings of a run: its flat config minus seeds, bookkeeping and keys its optimizer ignores."""
+    flat = with_defaults(flat)
     optimizer = flat.get("optimizer.name")
     return {
         k: v

@@ -1,8 +1,9 @@
-"""The numbers of a report: seed statistics, tokens to a target loss, a data-scaling fit, Welch's test.
+"""Curve statistics of a report: seed means, tokens to a target value, the L(D) data-scaling fit.
 
-All curves are lists of (tokens, loss) points; non-finite losses (a diverged evaluation) are
-skipped wherever a curve is interpolated or fitted, but kept in final-loss statistics, where a
-diverged run must show up as nan rather than vanish.
+All curves are lists of (tokens, value) points; non-finite values (a diverged evaluation) are
+skipped wherever a curve is interpolated or fitted, but kept in final-value statistics, where a
+diverged run must show up as nan rather than vanish. Tests and intervals: mars.analysis.significance
+and mars.analysis.intervals.
 """
 
 from __future__ import annotations
@@ -34,16 +35,17 @@ def finite_points(curve: Curve) -> list[tuple[float, float]]:
     return sorted(by_tokens.items())
 
 
-def tokens_to_target(curve: Curve, target: float) -> float | None:
-    """Tokens at which the curve first reaches the target (loss <= target), None if it never does.
+def tokens_to_target(curve: Curve, target: float, higher_is_better: bool = False) -> float | None:
+    """Tokens at which the curve first reaches the target (value <= target, or >= for a metric where
+    higher is better), None if it never does.
 
-    Between two evaluations the loss is taken as linear in tokens, so the crossing is interpolated
+    Between two evaluations the value is taken as linear in tokens, so the crossing is interpolated
     rather than rounded up to the next evaluation: with evaluations every N tokens, rounding would
     blur speedups by up to N tokens.
     """
     prev: tuple[float, float] | None = None
     for d, loss in finite_points(curve):
-        if loss <= target:
+        if (loss >= target) if higher_is_better else (loss <= target):
             if prev is None:
                 return d
             d0, l0 = prev
@@ -139,19 +141,19 @@ def fit_power_law(curve: Curve) -> PowerLaw:
     def model(u, a, b, c):
         return a * np.power(u, -b) + c
 
-    best = None
-    for b in np.geomspace(1e-3, 5.0, 200):
-        x = np.power(u, -b)
-        (a, c), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], axis=1), y, rcond=None)
-        if a <= 0:
-            continue
-        c = min(max(c, 0.0), c_max)
-        sse = float(np.sum((a * x + c - y) ** 2))
-        if best is None or sse < best[0]:
-            best = (sse, a, b, c)
-    if best is None:
+    # all grid values of b at once: per b, (a, c) is the least-squares line of y on x = u^-b
+    bs = np.geomspace(1e-3, 5.0, 200)
+    x = np.power(u[None, :], -bs[:, None])
+    xc = x - x.mean(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a_all = (xc @ (y - y.mean())) / np.einsum("ij,ij->i", xc, xc)
+        c_all = np.clip(y.mean() - a_all * x.mean(axis=1), 0.0, c_max)
+        sse = np.sum((a_all[:, None] * x + c_all[:, None] - y) ** 2, axis=1)
+    sse[~(a_all > 0) | ~np.isfinite(sse)] = np.inf
+    if not np.isfinite(sse).any():
         raise FitError("the baseline's val loss does not fall with tokens")
-    _, a0, b0, c0 = best
+    k = int(np.argmin(sse))
+    a0, b0, c0 = float(a_all[k]), float(bs[k]), float(c_all[k])
     eps = 1e-9 * max(c_max, 1.0)
     c0 = min(max(c0, eps), c_max - eps)
     try:
@@ -176,36 +178,3 @@ def fit_power_law(curve: Curve) -> PowerLaw:
     return PowerLaw(
         a=float(a * scale**b), b=float(b), c=float(c), n_points=len(pts), rmse=rmse, max_tokens=float(scale)
     )
-
-
-@dataclass
-class Welch:
-    """Welch's unequal-variance t-test of a group's final losses against the baseline's."""
-
-    t: float
-    df: float
-    p: float  # two-sided
-
-    @property
-    def significant(self) -> bool:
-        return self.p < 0.05
-
-
-def welch(sample: Sequence[float], baseline: Sequence[float]) -> Welch | str:
-    """Welch's test (scipy.stats.ttest_ind, equal_var=False), or the reason it cannot be done."""
-    from scipy import stats
-
-    x, y = np.asarray(sample, dtype=float), np.asarray(baseline, dtype=float)
-    if x.size < 2 or y.size < 2:
-        return f"needs 2+ seeds on both sides ({x.size} vs {y.size})"
-    if not (np.isfinite(x).all() and np.isfinite(y).all()):
-        return "non-finite final loss"
-    vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
-    if vx + vy == 0:
-        return "no variance on either side"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = stats.ttest_ind(x, y, equal_var=False)
-    # Welch-Satterthwaite degrees of freedom (also res.df on scipy >= 1.11)
-    df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1))
-    return Welch(t=float(res.statistic), df=float(df), p=float(res.pvalue))

@@ -1,8 +1,9 @@
 """mars.checkpoint: the one owner of the checkpoint layout (what a step directory holds, where it lives).
 
 layout.py   names and discovery: RUN_DIR/ckpt/step_XXXXXXXX, meta.json, finding the latest / a given one
-files.py    durable writes (fsync) and the full-disk error
+files.py    the full-disk error and load-error reasons (durable writing: mars.files)
 save.py     the atomic save protocol (full and sharded formats) and rotation that keeps the last healthy one
+checksums.py checksums.json: every file's size and XXH3-128, written before the marker, verified on load
 load.py     verifying a checkpoint before a run relies on it; loading its model in either format
 sharded.py  torch.distributed.checkpoint (DCP) files for FSDP2, read without unpickling code
 state.py    train_state.pt (weights_only-safe) and RNG capture

@@ -2,9 +2,12 @@
 
     RUN_DIR/ckpt/step_00001000/
         meta.json            written last: its presence marks the directory complete
-                             {"step", "tokens", "format": "full" | "sharded", "healthy", "world_size", ...}
+                             {"step", "tokens", "format": "full" | "sharded", "healthy", "world_size",
+                              "checksums": "xxh3_128", ...}
+        checksums.json       size and checksum of every other file (sharded/ included), written before
+                             meta.json; every reader verifies the files it uses (mars.checkpoint.checksums)
         config.yaml          the run's resolved config
-        model.json           the GPTConfig
+        model.json           the model config (its `arch` names the architecture)
         model.safetensors    format "full": the whole model (tied wte/lm_head stored once)
         sharded/             format "sharded" (FSDP2): torch.distributed.checkpoint files, each rank's
                              shards of the model ("model.FQN") and of the optimizer state ("optim.FQN.BUF")
@@ -30,6 +33,7 @@ CKPT_DIR = "ckpt"
 STEP_RE = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
 META = "meta.json"
+CHECKSUMS = "checksums.json"
 RUN_CONFIG = "config.yaml"
 TRAIN_STATE = "train_state.pt"
 MODEL_WEIGHTS = "model.safetensors"

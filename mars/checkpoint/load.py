@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import yaml
 
+from mars.checkpoint import checksums
 from mars.checkpoint import sharded as sharded_io
 from mars.checkpoint.layout import (
     META,
@@ -24,9 +25,8 @@ from mars.checkpoint.layout import (
     read_meta,
 )
 from mars.checkpoint.state import load_train_state
+from mars.checks import get
 
-# GPTConfig fields that fix the parameter shapes: a checkpoint only loads into the same values
-SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
 MODEL_PREFIX = "model."
 
 
@@ -45,14 +45,24 @@ def read_run_config(step_dir: str | os.PathLike) -> dict:
 
 
 def check_model_shape(step_dir: str | os.PathLike, model_cfg: Any) -> None:
-    """CheckpointMismatchError when the checkpoint's model.json disagrees with the config's shape."""
+    """CheckpointMismatchError when the checkpoint's model.json holds another architecture, or disagrees
+    with the config on a key of the architecture's spec.shape_keys."""
+    from mars.model.io import saved_arch
+    from mars.model.spec import arch_of, spec_for
+
     path = Path(step_dir) / MODEL_CONFIG
     saved = read_json_object(path)
     saved = saved.get("config", saved)  # tolerate a {"config": {...}} wrapper
+    theirs, ours = saved_arch(saved), arch_of(model_cfg)
+    if theirs != ours:
+        raise CheckpointMismatchError(
+            f"checkpoint {step_dir} holds a model.arch={theirs} model, but the config asks for model.arch="
+            f"{ours}: resume it with a model={theirs}_* preset, or start a new run dir"
+        )
     diffs = [
-        f"{k}={saved[k]} (config: {getattr(model_cfg, k)})"
-        for k in SHAPE_KEYS
-        if k in saved and saved[k] != getattr(model_cfg, k)
+        f"{k}={saved[k]} (config: {get(model_cfg, k)})"
+        for k in spec_for(model_cfg).shape_keys
+        if k in saved and saved[k] != get(model_cfg, k)
     ]
     if diffs:
         raise CheckpointMismatchError(
@@ -64,14 +74,16 @@ def check_model_shape(step_dir: str | os.PathLike, model_cfg: Any) -> None:
 def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
     """Read everything a resume relies on and return meta.json; CheckpointError naming the bad file.
 
-    Checks: meta.json, model.json and config.yaml parse; the weights are readable and finite (format
-    full) or every shard file the index lists is present and long enough (format sharded);
-    train_state.pt loads with weights_only=True.
+    Checks: every file matches its size and checksum in checksums.json (a checkpoint written before
+    checksums existed: noted, not refused); meta.json, model.json and config.yaml parse; the weights
+    are readable and finite (format full) or every shard file the index lists is present and long
+    enough (format sharded); train_state.pt loads with weights_only=True.
     """
     from mars.model.io import read_model_config, read_weights
 
     step_dir = Path(step_dir)
     meta = read_meta(step_dir)
+    checksums.verify(step_dir, meta)
     read_model_config(step_dir / MODEL_CONFIG)
     read_run_config(step_dir)
     if meta.get("format", "full") == "sharded":
@@ -83,17 +95,18 @@ def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
 
 
 def model_templates(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors keyed as in a sharded checkpoint ("model.FQN"; the tied head stored once)."""
-    from mars.model.io import TIED_KEY, unwrap_model
+    """The model's tensors keyed as in a sharded checkpoint ("model.FQN"; a tied head stored once)."""
+    from mars.model.io import tied_aliases, unwrap_model
 
-    return {f"{MODEL_PREFIX}{k}": v for k, v in unwrap_model(model).state_dict().items() if k != TIED_KEY}
+    aliases = tied_aliases(model)
+    return {f"{MODEL_PREFIX}{k}": v for k, v in unwrap_model(model).state_dict().items() if k not in aliases}
 
 
 @torch.no_grad()
 def load_model_state(model: torch.nn.Module, step_dir: str | os.PathLike) -> None:
     """Load a checkpoint's weights into `model` (plain or FSDP2-sharded), from either format.
     Collective when the checkpoint is sharded and torch.distributed is initialised."""
-    from mars.model.io import TIED_KEY, load_weights, unwrap_model
+    from mars.model.io import load_weights, tied_aliases, unwrap_model
 
     step_dir = Path(step_dir)
     if checkpoint_format(step_dir) == "full":
@@ -102,34 +115,44 @@ def load_model_state(model: torch.nn.Module, step_dir: str | os.PathLike) -> Non
     templates = model_templates(model)
     sharded_io.load_tensors(templates, step_dir / SHARDED_DIR)
     state = {k[len(MODEL_PREFIX) :]: v for k, v in templates.items()}
-    gpt = unwrap_model(model)
-    state[TIED_KEY] = state["transformer.wte.weight"]
+    inner = unwrap_model(model)
+    for alias, stored in tied_aliases(inner).items():
+        state[alias] = state[stored]
     bad = [k for k, v in state.items() if not _finite(v)]
     if bad:
         raise CheckpointError(
             f"{step_dir / SHARDED_DIR}: tensor(s) {', '.join(sorted(bad)[:3])} hold NaN or inf values; "
             "resume from an earlier checkpoint"
         )
-    gpt.load_state_dict(state, strict=True)
+    inner.load_state_dict(state, strict=True)
 
 
 def _finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t.full_tensor() if hasattr(t, "full_tensor") else t).all())
 
 
+def _model_file(rel: str) -> bool:
+    """The files load_model reads: the model's config and weights (a sharded checkpoint's shard files)."""
+    return rel in (MODEL_CONFIG, MODEL_WEIGHTS) or rel.startswith(f"{SHARDED_DIR}/")
+
+
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
-    """Load the GPT a run dir / ckpt dir / step dir / model dir names (see find_checkpoint), in eval
-    mode on `device`, from either format (a sharded checkpoint is gathered into this one process).
+    """Load the model a run dir / ckpt dir / step dir / model dir names (see find_checkpoint), of the
+    architecture its model.json names, in eval mode on `device`, from either format (a sharded
+    checkpoint is gathered into this one process). The files it reads are verified against the
+    checkpoint's checksums first.
 
     Returns (model, info): info holds meta.json (when present), "config": the run's config.yaml as a
     dict (when present), and "path": the checkpoint directory that was loaded.
     """
-    from mars.model.gpt import GPT
     from mars.model.io import read_model_config
+    from mars.model.spec import spec_for
 
     ckpt = find_checkpoint(path)
+    if (ckpt / META).is_file():  # a checkpoint (a bare model dir of save_model has no checksums)
+        checksums.verify(ckpt, read_meta(ckpt), only=_model_file)
     config = read_model_config(ckpt / MODEL_CONFIG)
-    model = GPT.empty(config, device)
+    model = spec_for(config).model.empty(config, device)
     load_model_state(model, ckpt)
     model.eval()
 

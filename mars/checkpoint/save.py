@@ -2,7 +2,8 @@
 
 Protocol of one save (STEP_DIR = RUN_DIR/ckpt/step_XXXXXXXX):
   1. write everything into ckpt/.tmp-step_XXXXXXXX (format "sharded": every rank writes its DCP shards);
-  2. fsync every file, then write meta.json (fsync'ed): from now on the directory is complete;
+  2. hash every file into checksums.json (format "sharded": every rank hashes a share of the shard
+     files), fsync every file, then write meta.json (fsync'ed): from now on the directory is complete;
   3. rename it to its final name and fsync ckpt/, so the rename survives a crash;
   4. rotate: keep the newest `keep_last` complete checkpoints and the newest healthy one.
 A kill at any point leaves the previous checkpoint as the latest complete one. A full disk removes the
@@ -19,9 +20,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from mars.checkpoint import checksums
 from mars.checkpoint import sharded as sharded_io
-from mars.checkpoint.files import disk_full_as_error, fsync_dir, fsync_tree, write_text_synced
+from mars.checkpoint.files import disk_full_as_error
 from mars.checkpoint.layout import (
+    CHECKSUMS,
     CKPT_DIR,
     META,
     RUN_CONFIG,
@@ -33,6 +36,7 @@ from mars.checkpoint.layout import (
     read_meta,
     step_dirname,
 )
+from mars.files import fsync_dir, fsync_file, fsync_tree
 
 
 def _distributed() -> bool:
@@ -88,7 +92,7 @@ def save_checkpoint(
 ) -> Path | None:
     """Write RUN_DIR/ckpt/step_XXXXXXXX and rotate. Returns its path on rank 0 (None elsewhere).
 
-    Format "full" (sharded=None): called on rank 0 only; `model` is the bare GPT (no DDP / compile
+    Format "full" (sharded=None): called on rank 0 only; `model` is the bare model (no DDP / compile
     wrapper), written as model.safetensors. Format "sharded": called on every rank with `sharded`, the
     tensors to write through DCP (the model's and the optimizer's DTensors); `model` only supplies
     model.json. train_state (plain data) and meta are rank 0's.
@@ -119,13 +123,17 @@ def save_checkpoint(
             error = e
     _all_ranks_ok(error, collective)
 
+    sums: dict[str, dict] = {}
     if collective:
+        share = None
         try:
             with disk_full_as_error(tmp / SHARDED_DIR, cleanup=remove_tmp):
                 sharded_io.save_tensors(sharded, tmp / SHARDED_DIR)
+            share = _hash_my_share(tmp)
         except Exception as e:  # noqa: BLE001
             error = e
         _all_ranks_ok(error, collective)
+        sums = _gather(share)
 
     if main:
         try:
@@ -136,10 +144,15 @@ def save_checkpoint(
                     save_model(model, tmp)
                 torch.save(train_state, tmp / TRAIN_STATE)
                 (tmp / RUN_CONFIG).write_text(config_yaml, encoding="utf-8")
+                rest = [rel for rel in checksums.summed_files(tmp) if rel not in sums]
+                sums.update(checksums.digests(tmp, rest))
+                (tmp / CHECKSUMS).write_text(checksums.checksums_text(sums), encoding="utf-8")
                 fsync_tree(tmp)
                 full_meta = {**meta, "step": step, "format": "sharded" if collective else "full"}
                 full_meta["healthy"] = bool(healthy)
-                write_text_synced(tmp / META, json.dumps(full_meta, indent=2) + "\n")  # marks it complete
+                full_meta["checksums"] = checksums.ALGORITHM
+                (tmp / META).write_text(json.dumps(full_meta, indent=2) + "\n", encoding="utf-8")
+                fsync_file(tmp / META)  # it marks the directory complete
                 fsync_dir(tmp)
                 _install(tmp, final, root)
         except Exception as e:  # noqa: BLE001
@@ -149,6 +162,21 @@ def save_checkpoint(
         rotate(root, keep_last)
         return final
     return None
+
+
+def _hash_my_share(tmp: Path) -> dict[str, dict]:
+    """Checksums of this rank's share of the shard files (every rank hashes at once, none reads them all)."""
+    world = dist.get_world_size() if _distributed() else 1
+    shard_files = [rel for rel in checksums.summed_files(tmp) if rel.startswith(f"{SHARDED_DIR}/")]
+    return checksums.digests(tmp, shard_files[_rank() :: world])
+
+
+def _gather(share: dict[str, dict] | None) -> dict[str, dict]:
+    if not _distributed():
+        return dict(share or {})
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, share)
+    return {rel: entry for part in parts for rel, entry in (part or {}).items()}
 
 
 def _install(tmp: Path, final: Path, root: Path) -> None:

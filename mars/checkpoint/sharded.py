@@ -26,6 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
+from mars.checkpoint.files import load_error_reason
 from mars.checkpoint.layout import CheckpointError
 
 _METADATA_FILE = ".metadata"
@@ -152,8 +153,15 @@ def load_tensors(templates: dict[str, torch.Tensor], path: str | os.PathLike) ->
     ]
     if wrong:
         raise CheckpointError(f"{path} holds tensors of other shapes: {', '.join(wrong[:3])}")
-    with _single_process_quiet():
-        dcp.load(templates, storage_reader=SafeReader(str(path)), no_dist=not _distributed())
+    try:
+        with _single_process_quiet():
+            dcp.load(templates, storage_reader=SafeReader(str(path)), no_dist=not _distributed())
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - DCP wraps a rank's failure; say what it was, safely
+        raise CheckpointError(
+            f"{path}: the shard files cannot be read ({load_error_reason(e)}); use another checkpoint"
+        ) from e
 
 
 # ----------------------------------------------------------------------------- optimizer state

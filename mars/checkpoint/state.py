@@ -2,7 +2,8 @@
 
 train_state.pt is read with torch.load(weights_only=True): it can only hold tensors and plain
 Python containers, never code. A file that fails that check (truncated, corrupt, or rewritten to
-carry other objects) is refused with one line naming it.
+carry other objects) is refused with one line naming it, which never passes on torch's advice to
+retry with weights_only=False.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mars.checkpoint.files import load_error_reason
 from mars.checkpoint.layout import TRAIN_STATE, CheckpointError
 
 
@@ -65,10 +67,10 @@ def load_train_state(step_dir: str | os.PathLike, map_location: str | torch.devi
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CheckpointError(
             f"{path} is not a valid training-state file (truncated, corrupt, or holding objects this harness "
-            f"never writes: {reason}); resume from another checkpoint (train.resume=PATH) or start a new run"
+            f"never writes: {load_error_reason(e)}); do not load it any other way: resume from another "
+            "checkpoint (train.resume=PATH) or start a new run"
         ) from e
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} should hold a dict, found {type(state).__name__}")

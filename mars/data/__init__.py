@@ -1,7 +1,8 @@
 """Data: the offline GPT-2 tokenizer, dataset sources, token shards and batch loaders.
 
 Heavy submodules (torch for the loaders, numpy for shards) load on first attribute access, so
-the tokenizer worker processes of a preparation start fast.
+the tokenizer worker processes of a preparation start fast. ``register_source`` adds a data source
+(docs/data.md, "Adding a dataset"); importing it loads nothing else.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from mars.data.errors import (
     SourceChangedError,
     SourceError,
 )
+from mars.data.registry import register_source, source_names
 from mars.data.tokenizer import EOT_ID, VOCAB_SIZE, get_hf_tokenizer, get_tokenizer
 
 _LAZY = {
+    "Source": "mars.data.sources",
     "dataset_dir": "mars.data.layout",
     "prepare_command": "mars.data.layout",
     "prepare": "mars.data.prepare",
@@ -45,6 +48,8 @@ __all__ = [
     "SourceError",
     "get_hf_tokenizer",
     "get_tokenizer",
+    "register_source",
+    "source_names",
     *_LAZY,
 ]
 

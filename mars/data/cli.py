@@ -33,10 +33,10 @@ ConfigStore.instance().store(name="prepare_schema", node=PrepareConfig)
 
 def fail(message: str) -> NoReturn:
     """Exit with status 1 and the message as one line on stderr ("error: ..."), nothing else."""
-    print(
-        "error: " + " ".join(line.strip() for line in message.splitlines() if line.strip()), file=sys.stderr
-    )
-    sys.exit(1)
+    from mars.entry import EXIT_FAILED
+    from mars.entry import fail as fail_with
+
+    fail_with(message, EXIT_FAILED)
 
 
 def run(cfg: DictConfig) -> Path:
@@ -48,18 +48,39 @@ def run(cfg: DictConfig) -> Path:
         return prepare(data_cfg)
     except DataError as e:
         fail(str(e))
-    except OSError as e:  # e.g. no space left or no permission under data.root: the message names the file
-        fail(f"{e}; fix that path (free space, permissions) or choose another data.root")
+    except OSError as e:  # e.g. reading a source file: the message names it
+        fail(f"{e}; fix that path (permissions, free space)")
+
+
+def _check(cfg: DictConfig) -> None:
+    from mars.data.config import check_values
+
+    check_values(cfg.data)
 
 
 def main() -> None:
+    """The command line is composed and checked first (mars.entry): an unknown key or a bad value is one
+    line and exit status 2, as for every command of the harness."""
     import hydra
 
+    from mars.data.errors import DataConfigError
+    from mars.entry import EXIT_USAGE, UsageError, check_hydra_command
+    from mars.entry import fail as fail_with
+    from mars.plugins import PluginError
+
     if not (CONFIG_DIR / "prepare.yaml").is_file():
-        sys.exit(
-            f"error: {CONFIG_DIR / 'prepare.yaml'} not found: run mars-prepare from a source checkout "
-            f"(pip install -e .)"
+        fail_with(
+            f"{CONFIG_DIR / 'prepare.yaml'} not found: run mars-prepare from a source checkout "
+            "(pip install -e .)",
+            EXIT_USAGE,
         )
+    try:
+        from mars.data.registry import store_config_options
+
+        store_config_options(CONFIG_DIR)  # data=NAME for a source a plugin registered without a YAML
+        check_hydra_command(CONFIG_DIR, "prepare", sys.argv[1:], check=_check)
+    except (UsageError, DataConfigError, PluginError) as e:
+        fail_with(str(e), EXIT_USAGE)
     hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="prepare")(run)()
 
 

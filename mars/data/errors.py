@@ -27,6 +27,10 @@ class SourceError(DataError):
     """A document source is misconfigured: unknown name, no files, a missing text field, unreadable input."""
 
 
+class DataConfigError(SourceError):
+    """A data.* value that cannot work (unknown name or choice, a size out of range): a command-line error."""
+
+
 class SourceChangedError(SourceError):
     """Regenerating a recorded shard gave other bytes: the source documents changed since they were prepared.
 

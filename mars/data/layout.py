@@ -23,16 +23,20 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from mars.data.config import GPT2_TOKENIZER as GPT2
 from mars.data.config import DataConfig
 from mars.data.errors import ManifestError, SourceError
+from mars.entry import hydra_value as _hydra_value
+from mars.files import write_atomic
 
 FORMAT_VERSION = 1
-DTYPE = "uint16"
+DTYPE = "uint16"  # GPT-2's (and any vocabulary up to 65536 tokens); larger vocabularies get uint32 shards
+DTYPES = ("uint16", "uint32")
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 SPLITS = ("val", "train")
 SHARD_RE = re.compile(r"^(train|val)_\d{6}\.bin$")
-TMP_RE = re.compile(r"^\.(train|val)_\d{6}\.bin\.tmp-\d+$")
+TMP_RE = re.compile(r"^\.(train|val)_\d{6}\.bin\.tmp-\d+$")  # a shard's mars.files.temp_name
 # Config keys that decide which documents are read (a mismatch means a different dataset) and
 # keys that only decide how many tokens go where.
 IDENTITY_KEYS = (
@@ -47,6 +51,8 @@ IDENTITY_KEYS = (
     "sample_by",
     "python",
     "seed",
+    "tokenizer",  # recorded only for a tokenizer other than GPT-2's (older manifests have neither)
+    "tokenizer_sha256",
 )
 SIZE_KEYS = ("val_tokens", "shard_tokens", "token_budget")
 # DataConfig fields that only affect loading, never the prepared files.
@@ -77,36 +83,31 @@ def project_root() -> Path | None:
 
 
 def dataset_dir(cfg: DataConfig) -> Path:
-    """{data.root}/{data.dir or data.name}; a relative root is taken from the checkout (else the cwd)."""
+    """{data.root}/{data.dir or data.name}, the name suffixed with the tokenizer's when it is not GPT-2's
+    (data/embedded-my_tokenizer); a relative root is taken from the checkout (else the cwd)."""
     cfg = as_data_config(cfg)
     root = Path(os.path.expanduser(cfg.root))
     if not root.is_absolute():
         root = (project_root() or Path.cwd()) / root
-    return root / (cfg.dir or cfg.name)
+    if cfg.dir:
+        return root / cfg.dir
+    if cfg.tokenizer != GPT2:
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(cfg.tokenizer.rstrip("/")).name or cfg.tokenizer)
+        return root / f"{cfg.name}-{slug}"
+    return root / cfg.name
 
 
 def requested_config(cfg: DataConfig) -> dict[str, Any]:
-    """What ``cfg`` asks to be prepared, in the form the manifest records it under "config"."""
+    """What ``cfg`` asks to be prepared, in the form the manifest records it under "config": the name,
+    what its source class records (``Source.requested``), the tokenizer when not GPT-2's, the sizes."""
     cfg = as_data_config(cfg)
-    from mars.data.embedded import python_version
-    from mars.data.sources import HF_DEFAULTS
+    from mars.data.registry import source_class
 
-    out: dict[str, Any] = {"name": cfg.name}
-    if cfg.name == "embedded":
-        out.update(python=python_version(), seed=cfg.seed)
-    elif cfg.name in HF_DEFAULTS:
-        defaults = HF_DEFAULTS[cfg.name]
-        out.update(
-            hf_path=cfg.hf_path or defaults["hf_path"],
-            hf_config=cfg.hf_config or defaults["hf_config"],
-            split=cfg.hf_split,
-            revision=cfg.hf_revision,
-            text_field=cfg.text_field,
-        )
-    else:
-        out.update(paths=[str(p) for p in cfg.paths], format=cfg.format, text_field=cfg.text_field)
-        if cfg.format in (None, "text"):
-            out["sample_by"] = cfg.text_sample_by
+    out: dict[str, Any] = {"name": cfg.name, **source_class(cfg.name, cfg.hf_path).requested(cfg)}
+    if cfg.tokenizer != GPT2:
+        from mars.data.tokenizer import tokenizer_info
+
+        out.update(tokenizer=cfg.tokenizer, tokenizer_sha256=tokenizer_info(cfg.tokenizer).sha256)
     out.update(val_tokens=cfg.val_tokens, shard_tokens=cfg.shard_tokens, token_budget=cfg.token_budget)
     # Recorded, never compared: with it or without, a source gives the same shards or (without it, on a
     # bad document) none. The recorded value lets a rebuild skip the same documents again.
@@ -139,34 +140,19 @@ def config_from_manifest(directory: Path, recorded: dict[str, Any]) -> DataConfi
     return cfg
 
 
+def identity_keys(wanted: dict[str, Any]) -> tuple[str, ...]:
+    """The keys of a requested config whose difference means other documents: IDENTITY_KEYS, and any
+    other key a source records about its request (``Source.requested``)."""
+    other = (*IDENTITY_KEYS, *SIZE_KEYS, "skip_bad_documents")
+    return IDENTITY_KEYS + tuple(k for k in wanted if k not in other)
+
+
 def config_differences(recorded: dict[str, Any], wanted: dict[str, Any], keys) -> list[str]:
     return [
         f"{k}: prepared {recorded.get(k)!r}, config {wanted.get(k)!r}"
         for k in keys
         if recorded.get(k) != wanted.get(k)
     ]
-
-
-def _hydra_value(value: Any, in_list: bool = False) -> str:
-    """``value`` in Hydra's override syntax: left bare when Hydra reads it back unchanged, else quoted."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_hydra_value(v, in_list=True) for v in value) + "]"
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    text = str(value)
-    try:
-        parsed = OverridesParser.create().parse_override(f"k=[{text}]" if in_list else f"k={text}").value()
-    except Exception:
-        parsed = None
-    if parsed == ([text] if in_list else text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _group_file(name: str) -> Path | None:
@@ -192,9 +178,10 @@ def prepare_command(cfg: DataConfig) -> str:
     cfg = as_data_config(cfg)
     defaults = group_defaults(cfg.name)
     group = f"data={cfg.name}" if _group_file(cfg.name) else f"data.name={_hydra_value(cfg.name)}"
-    from mars.data.sources import HF_DEFAULTS
+    from mars.data.registry import find_source
 
-    hf_defaults = HF_DEFAULTS.get(cfg.name, {})
+    source = find_source(cfg.name, cfg.hf_path)
+    hf_defaults = source.config_defaults if source is not None else {}
     overrides = [group]
     for f in dataclasses.fields(DataConfig):
         value = getattr(cfg, f.name)
@@ -221,14 +208,9 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """A dataset's JSON file (manifest, progress, verification cache), atomically and durably."""
+    write_atomic(path, json.dumps(data, indent=1) + "\n", fsync=True)
 
 
 @contextlib.contextmanager

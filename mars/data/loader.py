@@ -32,7 +32,13 @@ def _name(array: np.ndarray, index: int, split: str) -> str:
 
 def _check_lengths(arrays: list[np.ndarray], block_size: int, split: str) -> None:
     if not arrays:
-        raise DataError(f"the {split} split has no shards")
+        fix = (
+            "prepare the dataset with a validation split (data.val_tokens > 0, into its own data.dir), or "
+            "set train.eval_steps=0 to train without validation"
+            if split == "val"
+            else "prepare the dataset again"
+        )
+        raise DataError(f"the {split} split of the dataset has no shards: {fix}")
     for i, a in enumerate(arrays):
         if len(a) < block_size + 1:
             raise DataError(

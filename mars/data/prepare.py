@@ -12,9 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from mars.data.config import DataConfig
-from mars.data.errors import DataNotPreparedError, ManifestError, SourceChangedError
+from mars.data.errors import DataError, DataNotPreparedError, ManifestError, SourceChangedError
 from mars.data.layout import (
-    IDENTITY_KEYS,
     MANIFEST,
     PROGRESS,
     SIZE_KEYS,
@@ -23,13 +22,15 @@ from mars.data.layout import (
     config_differences,
     dataset_dir,
     dir_lock,
+    identity_keys,
     prepare_command,
     read_json,
     requested_config,
 )
 from mars.data.writer import repair_shards, summary, write_shards
+from mars.files import nearest_existing, try_create_dir_in
 
-__all__ = ["dataset_dir", "ensure_prepared", "prepare", "prepare_command"]
+__all__ = ["check_ready", "dataset_dir", "ensure_prepared", "prepare", "prepare_command"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,45 @@ def _manifest_matches(path: Path, cfg: DataConfig) -> bool:
     if not manifest.is_file():
         return False
     recorded = read_json(manifest).get("config", {})
-    return not config_differences(recorded, requested_config(cfg), IDENTITY_KEYS + SIZE_KEYS)
+    wanted = requested_config(cfg)
+    return not config_differences(recorded, wanted, identity_keys(wanted) + SIZE_KEYS)
+
+
+def prepared_on_first_use(cfg: DataConfig) -> bool:
+    """Whether ``cfg``'s source is a corpus prepared on first use (Source.prepared_on_first_use: embedded)."""
+    from mars.data.registry import source_class
+
+    return source_class(cfg.name, cfg.hf_path).prepared_on_first_use
+
+
+_SHORT = {"val_tokens": "val", "shard_tokens": "shard", "token_budget": "budget"}
+
+
+def _shared_corpus_error(cfg: DataConfig, out: Path, recorded: dict, wanted: dict) -> ManifestError | None:
+    """A refusal when ``out`` holds a corpus prepared on first use (the embedded one) with other settings
+    that a config chooses (seed, split sizes): other runs use that directory, so a run does not rewrite it.
+    What the installation decides (its Python version: Source.environment_keys) is not chosen: when it
+    changed, the corpus is rebuilt."""
+    from mars.data.registry import source_class
+
+    derived = source_class(cfg.name, cfg.hf_path).environment_keys
+    chosen = [k for k in (*identity_keys(wanted), *SIZE_KEYS) if k not in derived]
+    keys = [k for k in chosen if recorded.get(k) != wanted.get(k)]
+    if not keys:
+        return None
+    prepared = ", ".join(f"data.{k}={recorded.get(k)}" for k in keys)
+    asked = ", ".join(f"data.{k}={wanted.get(k)}" for k in keys)
+    own = f"{cfg.name}_" + "_".join(f"{_SHORT.get(k, k)}{wanted.get(k)}" for k in keys)
+    return ManifestError(
+        f"{out} holds a preparation with {prepared}, not {asked}; other runs use it, so it is "
+        f"not rewritten: pass {prepared}, or give this split a directory of its own with data.dir={own} "
+        "(prepared on first use)"
+    )
+
+
+def _os_error(e: OSError, out: Path) -> DataError:
+    where = f"the dataset directory {out} (data.root, data.dir)"
+    return DataError(f"{e}; fix that path (free space, permissions) or choose another data.root ({where})")
 
 
 def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
@@ -48,16 +87,26 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
 
     A directory that already holds this dataset has every shard checked (sizes; sha256 unless
     ``.verified.json`` vouches for the file) and any missing or damaged one rebuilt from the source,
-    one line printed per repaired shard. One that holds a different dataset raises ManifestError,
-    except for the embedded corpus, which is rebuilt (it is derived from the Python install and takes
-    seconds) -- as it is when it cannot be repaired in place.
+    one line printed per repaired shard. One that holds a different dataset raises ManifestError; the
+    embedded corpus is rebuilt only when the Python install it is derived from changed (or it cannot be
+    repaired in place), never for another seed or split, which is refused naming data.dir for a
+    directory of its own ("the embedded corpus": any source whose class is ``prepared_on_first_use``). A
+    directory that cannot be written raises DataError naming data.root.
     """
-    from mars.data.sources import get_source
-
     cfg = as_data_config(cfg)
-
     out = dataset_dir(cfg)
+    try:
+        return _prepare(cfg, out, progress_bar)
+    except OSError as e:
+        raise _os_error(e, out) from e
+
+
+def _prepare(cfg: DataConfig, out: Path, progress_bar: bool) -> Path:
+    from mars.data.registry import get_source
+
     wanted = requested_config(cfg)
+    keys = identity_keys(wanted) + SIZE_KEYS
+    first_use = prepared_on_first_use(cfg)
     hint = (
         f"restore the source files as they were, or delete {out} and run `{prepare_command(cfg)}` "
         f"to prepare it from the current ones"
@@ -67,12 +116,16 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
         manifest = out / MANIFEST
         if manifest.is_file():
             recorded = read_json(manifest).get("config", {})
-            diffs = config_differences(recorded, wanted, IDENTITY_KEYS + SIZE_KEYS)
-            if diffs and cfg.name != "embedded":
+            diffs = config_differences(recorded, wanted, keys)
+            if diffs and not first_use:
                 raise ManifestError(
                     f"{manifest}: {out} already holds a different preparation ({'; '.join(diffs)}). "
                     f"Delete {out} or choose another data.dir."
                 )
+            if diffs:
+                refusal = _shared_corpus_error(cfg, out, recorded, wanted)
+                if refusal is not None:
+                    raise refusal
             if not diffs:
                 # a rebuilt shard must skip the documents its preparation skipped, whatever cfg says
                 skip = cfg.skip_bad_documents or bool(recorded.get("skip_bad_documents"))
@@ -86,24 +139,21 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
                         hint=hint,
                     )
                 except (SourceChangedError, ManifestError) as e:
-                    if cfg.name != "embedded":
+                    if not first_use:
                         raise
-                    log.warning("%s; rebuilding the embedded corpus", e)
+                    log.warning("%s; rebuilding the %s corpus", e, cfg.name)
                     clear(out)
                 else:
                     note = f"{len(repaired)} shard(s) repaired" if repaired else "already prepared"
                     print(f"{summary(out, read_json(manifest))} ({note})", flush=True)
                     return out
-        if cfg.name == "embedded":
+        if first_use:
             progress = out / PROGRESS
             stale = manifest.is_file() or (
-                progress.is_file()
-                and config_differences(
-                    read_json(progress).get("config", {}), wanted, IDENTITY_KEYS + SIZE_KEYS
-                )
+                progress.is_file() and config_differences(read_json(progress).get("config", {}), wanted, keys)
             )
-            if stale:
-                log.info("rebuilding the embedded corpus in %s for %s", out, wanted)
+            if stale:  # another Python install's corpus, or an interrupted preparation of other settings
+                log.info("rebuilding the %s corpus in %s for %s", cfg.name, out, wanted)
                 clear(out)
         source = get_source(cfg)
         try:
@@ -111,10 +161,10 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
                 source, out, wanted, **sizes, workers=cfg.num_workers, progress_bar=progress_bar, hint=hint
             )
         except SourceChangedError as e:
-            if cfg.name != "embedded":
+            if not first_use:
                 raise
             # the Python install changed under an interrupted preparation: start over from this one
-            log.warning("%s; rebuilding the embedded corpus", e)
+            log.warning("%s; rebuilding the %s corpus", e, cfg.name)
             clear(out)
             write_shards(
                 get_source(cfg), out, wanted, **sizes, workers=cfg.num_workers, progress_bar=progress_bar
@@ -122,16 +172,45 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
     return out
 
 
+def check_ready(cfg: DataConfig) -> None:
+    """Raise what ``ensure_prepared(cfg)`` would raise before it writes anything, without writing: the
+    trainer calls it before Hydra creates the run dir. The embedded corpus, when it still has to be
+    prepared, needs a directory that can be written."""
+    cfg = as_data_config(cfg)
+    if not prepared_on_first_use(cfg):
+        ensure_prepared(cfg)  # reads only
+        return
+    out = dataset_dir(cfg)
+    if _manifest_matches(out, cfg):
+        return
+    if (out / MANIFEST).is_file():
+        refusal = _shared_corpus_error(
+            cfg, out, read_json(out / MANIFEST).get("config", {}), requested_config(cfg)
+        )
+        if refusal is not None:
+            raise refusal
+    base = nearest_existing(out)
+    try:
+        try_create_dir_in(base)
+    except OSError as e:
+        raise DataError(
+            f"data.root={cfg.root}: the {cfg.name} corpus is prepared on first use into {out}, but "
+            f"{base} cannot be written ({e.strerror or e}); choose a writable data.root, or prepare it "
+            "once where it can be written and point data.root there"
+        ) from None
+
+
 def ensure_prepared(cfg: DataConfig) -> Path:
     """The dataset directory of ``cfg``, prepared.
 
-    The embedded corpus is prepared on first use. Any other source raises DataNotPreparedError
+    The embedded corpus (a source ``prepared_on_first_use``) is prepared on first use. Any other source
+    raises DataNotPreparedError
     holding the exact prepare command; a directory prepared with other settings raises ManifestError
     (different documents) or warns (different sizes: the prepared split is used).
     """
     cfg = as_data_config(cfg)
     out = dataset_dir(cfg)
-    if cfg.name == "embedded":
+    if prepared_on_first_use(cfg):
         return out if _manifest_matches(out, cfg) else prepare(cfg)
     manifest = out / MANIFEST
     if not manifest.is_file():
@@ -146,7 +225,7 @@ def ensure_prepared(cfg: DataConfig) -> Path:
         )
     recorded = read_json(manifest).get("config", {})
     wanted = requested_config(cfg)
-    diffs = config_differences(recorded, wanted, IDENTITY_KEYS)
+    diffs = config_differences(recorded, wanted, identity_keys(wanted))
     if diffs:
         raise ManifestError(
             f"{manifest}: {out} was prepared from other documents than the config asks for "

@@ -1,9 +1,9 @@
 """Open a prepared dataset: memory-map its shards after validating them against the manifest.
 
 Checks, each failing with the file and the problem named:
-  * the manifest parses and describes uint16 shards of a known format version;
-  * every shard exists and holds exactly 2 bytes per token the manifest lists (4 bytes per token
-    is reported as a uint32 shard);
+  * the manifest parses and describes uint16 (or, for vocabularies above 65536 tokens, uint32)
+    shards of a known format version;
+  * every shard exists and holds exactly 2 (4) bytes per token the manifest lists;
   * every shard's sha256 matches the manifest and its largest token id is < the model's vocab_size.
 
 Hashing a large dataset takes a while, so with ``verify="cached"`` (the default) the result of a
@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from mars.data.config import DataConfig
+from mars.checks import choice, reported_as
+from mars.data.config import VERIFY_LEVELS, DataConfig
 from mars.data.errors import DamagedShardError, ManifestError, ShardError
 from mars.data.integrity import VERIFIED, VerifiedCache, check_shard_file
 from mars.data.layout import (
-    DTYPE,
+    DTYPES,
     FORMAT_VERSION,
     MANIFEST,
     SPLITS,
@@ -37,7 +38,7 @@ from mars.data.layout import (
     prepare_command,
     read_json,
 )
-from mars.data.prepare import ensure_prepared, prepare
+from mars.data.prepare import ensure_prepared, prepare, prepared_on_first_use
 
 __all__ = ["VERIFIED", "TokenDataset", "open_dataset", "open_dir", "read_manifest"]
 
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TokenDataset:
-    """A prepared dataset: memory-mapped uint16 shards per split and the manifest they were checked with."""
+    """A prepared dataset: memory-mapped token shards per split and the manifest they were checked with."""
 
     path: Path
     manifest: dict[str, Any]
@@ -75,9 +76,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             f"{path}: format_version {manifest.get('format_version')!r} is not {FORMAT_VERSION}; "
             f"prepare the dataset again with this version of mars"
         )
-    if manifest.get("dtype") != DTYPE:
+    if manifest.get("dtype") not in DTYPES:
         raise ManifestError(
-            f"{path}: dtype {manifest.get('dtype')!r} is not supported; shards must be {DTYPE}"
+            f"{path}: dtype {manifest.get('dtype')!r} is not supported; shards must be {' or '.join(DTYPES)}"
         )
     splits = manifest.get("splits")
     for split in SPLITS:
@@ -106,9 +107,10 @@ def check_shard(
     vocab_size: int,
     cache: VerifiedCache,
     command: Callable[[], str],
+    dtype: str = "uint16",
 ) -> None:
     """Validate one shard against its manifest entry; ``command()`` is the prepare command rebuilding it."""
-    check = check_shard_file(path, int(entry["tokens"]), entry["sha256"], cache)
+    check = check_shard_file(path, int(entry["tokens"]), entry["sha256"], cache, dtype=dtype)
     if not check.ok:
         raise DamagedShardError(f"{check.message}. Run `{command()}` to rebuild it (intact shards are kept).")
     top = check.max_token
@@ -117,8 +119,8 @@ def check_shard(
         raise ShardError(
             f"{path}: holds token id {top} >= vocab_size {vocab_size}. "
             f"The shard was made with another tokenizer "
-            f"or the model's vocabulary is too small; prepare the data with the GPT-2 tokenizer or raise "
-            f"model.vocab_size."
+            f"or the model's vocabulary is too small; prepare the data with the model's tokenizer "
+            f"(data.tokenizer) or raise model.vocab_size."
         )
 
 
@@ -133,8 +135,8 @@ def open_dir(
     ``cfg``, the config it was prepared from, makes the advice on a damaged shard name the exact
     prepare command; without it the command is rebuilt from the manifest's record.
     """
-    if verify not in ("cached", "full"):
-        raise ManifestError(f"data.verify={verify!r} is not one of cached, full")
+    with reported_as(ManifestError):
+        choice("data.verify", verify, VERIFY_LEVELS)
     directory = Path(directory)
     manifest = read_manifest(directory)
     cache = VerifiedCache(directory, enabled=verify == "cached")
@@ -145,10 +147,17 @@ def open_dir(
             for entry in manifest["splits"][split]["shards"]:
                 path = directory / entry["file"]
                 check_shard(
-                    path, entry, vocab_size, cache, lambda: _prepare_command(directory, manifest, cfg)
+                    path,
+                    entry,
+                    vocab_size,
+                    cache,
+                    lambda: _prepare_command(directory, manifest, cfg),
+                    dtype=manifest["dtype"],
                 )
                 shape = (int(entry["tokens"]),)
-                arrays[split].append(np.memmap(path, dtype=np.uint16, mode="r", shape=shape))
+                arrays[split].append(
+                    np.memmap(path, dtype=np.dtype(manifest["dtype"]), mode="r", shape=shape)
+                )
     finally:
         cache.save()  # what did verify is remembered even when a later shard fails
     return TokenDataset(path=directory, manifest=manifest, train=arrays["train"], val=arrays["val"])
@@ -165,8 +174,8 @@ def open_dataset(cfg: DataConfig, vocab_size: int = 50304) -> TokenDataset:
     try:
         return open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)
     except DamagedShardError:
-        if cfg.name != "embedded":
+        if not prepared_on_first_use(cfg):
             raise
-        log.warning("the embedded corpus in %s has a missing or damaged shard: rebuilding it", directory)
+        log.warning("the %s corpus in %s has a missing or damaged shard: rebuilding it", cfg.name, directory)
         prepare(cfg)
         return open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)

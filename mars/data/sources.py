@@ -1,10 +1,16 @@
 """Document sources: each yields the documents of a dataset as batches of strings, in a fixed order.
 
-A source is chosen by ``data.name``:
+A source is chosen by ``data.name`` through the registry (mars.data.registry); the built-ins:
     embedded     English prose shipped inside Python (mars.data.embedded), no network
     openwebtext  Hugging Face "Skylion007/openwebtext"
     fineweb_edu  Hugging Face "HuggingFaceFW/fineweb-edu" sample-10BT | sample-100BT | sample-350BT, streamed
     local        text, jsonl or parquet files given by paths or globs, read here file by file
+and any unregistered name given with ``data.hf_path``: that Hugging Face dataset (HFSource).
+
+Each Source class owns its identity: ``from_config`` builds and checks it from the data config,
+``requested`` is what the manifest records about the request (compared on every later use),
+``config_defaults`` the values a null data.hf_path / data.hf_config stands for, and
+``prepared_on_first_use`` marks a corpus derived from the installation (the embedded one).
 
 ``Source.batches(start)`` yields lists of document texts beginning at document index ``start``, so
 an interrupted preparation resumes without re-tokenizing what it already wrote.
@@ -39,21 +45,17 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
+from mars.checks import choice, reported_as
 from mars.data.config import DataConfig
 from mars.data.errors import SourceError
+from mars.data.registry import get_source as get_source  # re-exported: mars.data.sources.get_source
+from mars.data.registry import register_source
 
 BATCH_DOCS = 512
 BATCH_CHARS = 8 << 20  # a batch also ends here: whole-file documents can be large
 _PARAGRAPH_CHUNK = 8 << 20  # characters read at a time when splitting a text file into paragraphs
-
-HF_DEFAULTS = {
-    "openwebtext": {"hf_path": "Skylion007/openwebtext", "hf_config": None},
-    "fineweb_edu": {"hf_path": "HuggingFaceFW/fineweb-edu", "hf_config": "sample-10BT"},
-}
-FINEWEB_EDU_CONFIGS = ("sample-10BT", "sample-100BT", "sample-350BT")
-SOURCES = ("embedded", "openwebtext", "fineweb_edu", "local")
 
 _SUFFIX_FORMAT = {
     ".txt": "text",
@@ -148,10 +150,47 @@ class SkipLog:
 
 
 class Source:
-    """Documents in a fixed order. ``describe()`` is what the manifest records about the source."""
+    """Documents in a fixed order, and the identity of their kind of source.
+
+    A subclass registered under a name (``mars.data.register_source``) is what ``data.name=NAME``
+    selects. Per class: ``from_config(cfg)`` builds and checks the source from the data config before
+    any work is done (raise SourceError with one line naming the key); ``requested(cfg)`` is what the
+    manifest records about the request besides its name, sizes and tokenizer: every key of it is
+    compared when the prepared directory is used again, so it must hold exactly what chooses the
+    documents. Per instance: ``batches(start)`` and ``describe()``, what was read (the manifest's
+    "source": resolved files, a corpus checksum).
+    """
 
     name: str
     skip_bad_documents: bool = False
+    # The DataConfig values a null data.hf_path / data.hf_config stands for (the prepare command leaves
+    # them out; the manifest records the value used).
+    config_defaults: ClassVar[dict[str, Any]] = {}
+    # A corpus derived from this installation (no download, seconds to build): prepared on first use,
+    # rebuilt when the installation changed, and kept for every run that uses it: a config that asks
+    # for other settings of it is refused with the data.dir of its own to use.
+    prepared_on_first_use: ClassVar[bool] = False
+    # requested() keys the installation decides, not the config (a difference means: rebuild).
+    environment_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_config(cls, cfg: DataConfig) -> Source:
+        raise NotImplementedError(f"{cls.__qualname__}.from_config(cfg) builds the source from data.*")
+
+    @classmethod
+    def requested(cls, cfg: DataConfig) -> dict[str, Any]:
+        """By default every data.* key that can choose documents (under the manifest's names)."""
+        return {
+            "hf_path": cfg.hf_path,
+            "hf_config": cfg.hf_config,
+            "split": cfg.hf_split,
+            "revision": cfg.hf_revision,
+            "paths": [str(p) for p in cfg.paths],
+            "format": cfg.format,
+            "text_field": cfg.text_field,
+            "sample_by": cfg.text_sample_by,
+            "seed": cfg.seed,
+        }
 
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -188,17 +227,31 @@ class ListSource(Source):
             yield self.docs[i : i + BATCH_DOCS]
 
 
-def embedded_source(cfg: DataConfig) -> ListSource:
-    from mars.data.embedded import corpus_fingerprint, embedded_documents, python_version
+@register_source("embedded")
+class EmbeddedSource(ListSource):
+    """The embedded corpus (mars.data.embedded): the same documents for the same Python version and seed."""
 
-    docs = embedded_documents(cfg.seed)
-    info = {
-        "python": python_version(),
-        "seed": cfg.seed,
-        "documents": len(docs),
-        "corpus_sha256": corpus_fingerprint(docs),
-    }
-    return ListSource(docs, info, name="embedded")
+    prepared_on_first_use = True
+    environment_keys = ("python",)
+
+    @classmethod
+    def from_config(cls, cfg: DataConfig) -> EmbeddedSource:
+        from mars.data import embedded
+
+        docs = embedded.embedded_documents(cfg.seed)
+        info = {
+            "python": embedded.python_version(),
+            "seed": cfg.seed,
+            "documents": len(docs),
+            "corpus_sha256": embedded.corpus_fingerprint(docs),
+        }
+        return cls(docs, info, name=cfg.name)
+
+    @classmethod
+    def requested(cls, cfg: DataConfig) -> dict[str, Any]:
+        from mars.data import embedded
+
+        return {"python": embedded.python_version(), "seed": cfg.seed}
 
 
 def _json_type(value: Any) -> str:
@@ -214,7 +267,12 @@ def _json_type(value: Any) -> str:
 
 @dataclass
 class HFSource(Source):
-    """A Hugging Face Hub dataset, downloaded (datasets' cache) or streamed (``data.streaming``)."""
+    """A Hugging Face dataset (data.hf_path: a Hub name, or a local directory of data files), downloaded
+    into datasets' cache or streamed (``data.streaming``).
+
+    Selected by its registered subclasses (openwebtext, fineweb_edu) and by any unregistered
+    ``data.name`` given with ``data.hf_path`` (a configs/data/NAME.yaml naming a Hub dataset).
+    """
 
     name: str
     hf_path: str
@@ -224,6 +282,42 @@ class HFSource(Source):
     revision: str | None
     text_field: str
     skip_bad_documents: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: DataConfig) -> HFSource:
+        hf_path, hf_config = cls._hf_dataset(cfg)
+        if not hf_path:
+            raise SourceError(
+                f"data.name={cfg.name}: data.hf_path is not set; give the Hugging Face dataset, "
+                "e.g. data.hf_path=OWNER/DATASET"
+            )
+        return cls(
+            name=cfg.name,
+            hf_path=hf_path,
+            hf_config=hf_config,
+            split=cfg.hf_split,
+            streaming=cfg.streaming,
+            revision=cfg.hf_revision,
+            text_field=cfg.text_field,
+            skip_bad_documents=cfg.skip_bad_documents,
+        )
+
+    @classmethod
+    def _hf_dataset(cls, cfg: DataConfig) -> tuple[str | None, str | None]:
+        """(hf_path, hf_config) that ``cfg`` asks for, a null value meaning the class's default."""
+        defaults = cls.config_defaults
+        return cfg.hf_path or defaults.get("hf_path"), cfg.hf_config or defaults.get("hf_config")
+
+    @classmethod
+    def requested(cls, cfg: DataConfig) -> dict[str, Any]:
+        hf_path, hf_config = cls._hf_dataset(cfg)
+        return {
+            "hf_path": hf_path,
+            "hf_config": hf_config,
+            "split": cfg.hf_split,
+            "revision": cfg.hf_revision,
+            "text_field": cfg.text_field,
+        }
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -286,6 +380,31 @@ class HFSource(Source):
                 yield texts
 
         return generate()
+
+
+@register_source("openwebtext")
+class OpenWebText(HFSource):
+    """OpenWebText, the paper's GPT-2 corpus (~9B GPT-2 tokens)."""
+
+    config_defaults = {"hf_path": "Skylion007/openwebtext", "hf_config": None}
+
+
+@register_source("fineweb_edu")
+class FineWebEdu(HFSource):
+    """FineWeb-Edu, one of its samples (data.hf_config)."""
+
+    config_defaults = {"hf_path": "HuggingFaceFW/fineweb-edu", "hf_config": "sample-10BT"}
+    samples = ("sample-10BT", "sample-100BT", "sample-350BT")
+
+    @classmethod
+    def from_config(cls, cfg: DataConfig) -> HFSource:
+        hf_config = cls._hf_dataset(cfg)[1]
+        if hf_config not in cls.samples:
+            raise SourceError(
+                f"data.hf_config={hf_config!r} is not a FineWeb-Edu sample; "
+                f"choose one of {', '.join(cls.samples)}"
+            )
+        return super().from_config(cfg)
 
 
 # ----------------------------------------------------------------------------- local files
@@ -409,6 +528,7 @@ class _Bad:
 _LINE_FIX = "fix the line"
 
 
+@register_source("local")
 @dataclass
 class LocalSource(Source):
     """Local text / jsonl / parquet files, read one file after another in the order of data.paths."""
@@ -420,6 +540,46 @@ class LocalSource(Source):
     sample_by: str
     name: str = "local"
     skip_bad_documents: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: DataConfig) -> LocalSource:
+        files = resolve_paths(list(cfg.paths))
+        if cfg.format is not None:
+            with reported_as(SourceError):
+                choice("data.format", cfg.format, FORMATS)
+            fmt = cfg.format
+        else:
+            formats = {f: infer_format(f) for f in files}
+            if len(set(formats.values())) > 1:
+                listing = ", ".join(f"{f} ({fmt})" for f, fmt in formats.items())
+                raise SourceError(
+                    f"data.paths mixes formats: {listing}. Prepare each format into its own data.dir."
+                )
+            fmt = next(iter(formats.values()))
+        with reported_as(SourceError):
+            choice("data.text_sample_by", cfg.text_sample_by, _SAMPLE_BY)
+        source = cls(
+            list(cfg.paths),
+            files,
+            fmt,
+            cfg.text_field,
+            cfg.text_sample_by,
+            name=cfg.name,
+            skip_bad_documents=cfg.skip_bad_documents,
+        )
+        source.check()
+        return source
+
+    @classmethod
+    def requested(cls, cfg: DataConfig) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "paths": [str(p) for p in cfg.paths],
+            "format": cfg.format,
+            "text_field": cfg.text_field,
+        }
+        if cfg.format in (None, "text"):
+            out["sample_by"] = cfg.text_sample_by
+        return out
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -708,60 +868,3 @@ def _parse_json_line(raw: bytes) -> Any:
     if not isinstance(record, dict):
         return _Bad(f"{_json_type(record)}, not a JSON object")
     return record
-
-
-def get_source(cfg: DataConfig) -> Source:
-    """The document source ``cfg.name`` names, checked before any work is done."""
-    name = cfg.name
-    if name == "embedded":
-        return embedded_source(cfg)
-    if name in HF_DEFAULTS:
-        defaults = HF_DEFAULTS[name]
-        hf_config = cfg.hf_config or defaults["hf_config"]
-        if name == "fineweb_edu" and hf_config not in FINEWEB_EDU_CONFIGS:
-            raise SourceError(
-                f"data.hf_config={hf_config!r} is not a FineWeb-Edu sample; "
-                f"choose one of {', '.join(FINEWEB_EDU_CONFIGS)}"
-            )
-        return HFSource(
-            name=name,
-            hf_path=cfg.hf_path or defaults["hf_path"],
-            hf_config=hf_config,
-            split=cfg.hf_split,
-            streaming=cfg.streaming,
-            revision=cfg.hf_revision,
-            text_field=cfg.text_field,
-            skip_bad_documents=cfg.skip_bad_documents,
-        )
-    if name == "local":
-        files = resolve_paths(list(cfg.paths))
-        if cfg.format is not None:
-            if cfg.format not in FORMATS:
-                raise SourceError(f"data.format={cfg.format!r} is not one of text, jsonl, parquet")
-            fmt = cfg.format
-        else:
-            formats = {f: infer_format(f) for f in files}
-            if len(set(formats.values())) > 1:
-                listing = ", ".join(f"{f} ({fmt})" for f, fmt in formats.items())
-                raise SourceError(
-                    f"data.paths mixes formats: {listing}. Prepare each format into its own data.dir."
-                )
-            fmt = next(iter(formats.values()))
-        if cfg.text_sample_by not in _SAMPLE_BY:
-            raise SourceError(
-                f"data.text_sample_by={cfg.text_sample_by!r} is not one of {', '.join(_SAMPLE_BY)}"
-            )
-        source = LocalSource(
-            list(cfg.paths),
-            files,
-            fmt,
-            cfg.text_field,
-            cfg.text_sample_by,
-            skip_bad_documents=cfg.skip_bad_documents,
-        )
-        source.check()
-        return source
-    raise SourceError(
-        f"data.name={name!r} is not a known source; "
-        f"choose one of {', '.join(SOURCES)} (configs/data/NAME.yaml)"
-    )

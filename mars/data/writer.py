@@ -1,6 +1,8 @@
-"""Tokenize a stream of documents into uint16 token shards, resumably, and write the manifest.
+"""Tokenize a stream of documents into token shards, resumably, and write the manifest.
 
-Every document is followed by <|endoftext|>. The last validation document is cut at val_tokens and
+The tokenizer is data.tokenizer (recorded in the config as "tokenizer" when it is not GPT-2's); the
+shards are uint16, or uint32 for a vocabulary above 65536 tokens. Every document is followed by the
+tokenizer's end-of-text token (GPT-2's <|endoftext|>). The last validation document is cut at val_tokens and
 its remainder dropped, so no document is in both splits. Shards are written under a temporary name,
 fsync'ed and renamed, and recorded in progress.json (with the stream position where the next shard
 starts) only after the rename; the manifest comes last.
@@ -20,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing as mp
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -34,18 +35,19 @@ from mars.data.integrity import ShardCheck, VerifiedCache, check_shard_file
 from mars.data.layout import (
     DTYPE,
     FORMAT_VERSION,
-    IDENTITY_KEYS,
     MANIFEST,
     PROGRESS,
     SIZE_KEYS,
     SPLITS,
     TMP_RE,
     config_differences,
+    identity_keys,
     read_json,
-    write_json_atomic,
+    write_json,
 )
 from mars.data.sources import SKIP_EXAMPLES, SkipLog, Source
-from mars.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
+from mars.data.tokenizer import GPT2, encode_batch, tokenizer_info
+from mars.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -53,43 +55,52 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- tokenization
 
 
-def encode_documents(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens of ``texts``, each followed by <|endoftext|>, as one uint16 array, plus each document's length.
+def tokenizer_of(config: dict[str, Any]) -> str:
+    """The data.tokenizer a requested config (mars.data.layout.requested_config) records: gpt2 if none."""
+    return str(config.get("tokenizer") or GPT2)
+
+
+def encode_documents(texts: list[str], tokenizer: str = GPT2) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of ``texts``, each followed by the end-of-text token, as one array of the tokenizer's shard
+    dtype, plus each document's length.
 
     Blank documents (e.g. empty lines of a text file read by line) contribute nothing, not even an EOT.
     """
-    ids = get_tokenizer().encode_ordinary_batch(texts, num_threads=1)
+    info = tokenizer_info(tokenizer)
+    ids = encode_batch(texts, tokenizer)
     lengths = np.fromiter(
         (len(d) + 1 if t.strip() else 0 for t, d in zip(texts, ids, strict=True)), np.int64, len(ids)
     )
-    out = np.empty(int(lengths.sum()), dtype=np.uint16)
+    out = np.empty(int(lengths.sum()), dtype=np.dtype(info.dtype))
     pos = 0
     for doc, length in zip(ids, lengths, strict=True):
         if length:
             out[pos : pos + length - 1] = doc
-            out[pos + length - 1] = EOT_ID
+            out[pos + length - 1] = info.eot_id
             pos += length
     return out, lengths
 
 
-def _init_worker() -> None:
-    get_tokenizer()
+def _init_worker(tokenizer: str) -> None:
+    encode_batch(["warm up"], tokenizer)
 
 
-def tokenize_batches(batches: Iterator[list[str]], workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def tokenize_batches(
+    batches: Iterator[list[str]], workers: int, tokenizer: str = GPT2
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``encode_documents`` over ``batches`` in ``workers`` processes, results in input order.
 
     At most ``2 * workers + 2`` batches are in flight, so memory stays bounded on any dataset size.
     """
     if workers <= 1:
         for texts in batches:
-            yield encode_documents(texts)
+            yield encode_documents(texts, tokenizer)
         return
     # spawn, not fork: the parent may hold threads (datasets' streaming, torch) that fork would copy mid-lock.
-    with mp.get_context("spawn").Pool(workers, initializer=_init_worker) as pool:
+    with mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
         pending: deque = deque()
         for texts in batches:
-            pending.append(pool.apply_async(encode_documents, (texts,)))
+            pending.append(pool.apply_async(encode_documents, (texts, tokenizer)))
             if len(pending) >= 2 * workers + 2:
                 yield pending.popleft().get()
         while pending:
@@ -124,16 +135,6 @@ class SkipLedger:
             if len(self.examples) < SKIP_EXAMPLES:
                 self.examples.append({"document": bad.index, "where": bad.where, "problem": bad.problem})
         return self.count
-
-
-def _write_atomic(path: Path, data: np.ndarray) -> None:
-    """Write ``data`` to ``path`` via a fsync'ed temporary file: a shard is whole under its name or absent."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(memoryview(data))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class ShardWriter:
@@ -208,7 +209,7 @@ class ShardWriter:
             room = int(min(self.shard_tokens - self.filled, left_in_split))
             take = min(room, len(tokens) - cursor)
             if self.buffer is None:
-                self.buffer = np.empty(int(min(self.shard_tokens, left_in_split)), dtype=np.uint16)
+                self.buffer = np.empty(int(min(self.shard_tokens, left_in_split)), dtype=tokens.dtype)
             self.buffer[self.filled : self.filled + take] = tokens[cursor : cursor + take]
             self.filled += take
             cursor += take
@@ -242,11 +243,11 @@ class ShardWriter:
                     f"documents changed since it was prepared; {self.hint}"
                 )
             if self.next in self.rewrite:
-                _write_atomic(self.directory / name, data)
+                write_atomic(self.directory / name, memoryview(data), fsync=True)  # whole or absent
                 self.rebuilt.append(name)
                 self.report(f"repaired {self.directory / name} ({self.rewrite[self.next]})")
         else:
-            _write_atomic(self.directory / name, data)
+            write_atomic(self.directory / name, memoryview(data), fsync=True)  # whole or absent
             self.records.append(
                 {
                     "split": split,
@@ -259,7 +260,7 @@ class ShardWriter:
                 }
             )
             self.progress["skipped_examples"] = self.ledger.examples
-            write_json_atomic(self.directory / PROGRESS, self.progress)
+            write_json(self.directory / PROGRESS, self.progress)
         self.next += 1
         self.tokens[split] += tokens
         self.count[split] += 1
@@ -288,6 +289,7 @@ def check_records(
     cache: VerifiedCache,
     listed_in: str,
     progress_bar: bool = False,
+    dtype: str = DTYPE,
 ) -> list[ShardCheck]:
     """Check each recorded shard file (size; sha256 unless ``cache`` vouches for it) and save the cache."""
     from tqdm import tqdm
@@ -297,7 +299,9 @@ def check_records(
     try:
         for r in bar:  # hashing a never-verified multi-GB dataset takes a while: show it after a second
             checks.append(
-                check_shard_file(directory / r["file"], int(r["tokens"]), r["sha256"], cache, listed_in)
+                check_shard_file(
+                    directory / r["file"], int(r["tokens"]), r["sha256"], cache, listed_in, dtype=dtype
+                )
             )
     finally:
         bar.close()
@@ -333,7 +337,8 @@ def _regenerate(
     )
     writer.report = bar.write if progress_bar else writer.report
     try:
-        for tokens, lengths in tokenize_batches(batches, workers):
+        tokenizer = tokenizer_of(writer.progress.get("config", {}))
+        for tokens, lengths in tokenize_batches(batches, workers, tokenizer):
             # only the first batch of a restarted stream begins mid-document (offset > 0)
             bar.update(writer.feed(tokens, lengths, doc, start=offset))
             doc, offset = doc + len(lengths), 0
@@ -404,7 +409,7 @@ def write_shards(
     cache = VerifiedCache(directory)
     if progress_path.is_file():
         previous = read_json(progress_path)
-        diffs = config_differences(previous.get("config", {}), config, IDENTITY_KEYS + SIZE_KEYS)
+        diffs = config_differences(previous.get("config", {}), config, identity_keys(config) + SIZE_KEYS)
         if diffs:
             raise ManifestError(
                 f"{progress_path}: {directory} holds an unfinished preparation with other settings "
@@ -412,7 +417,9 @@ def write_shards(
             )
         progress["shards"] = previous.get("shards", [])
         progress["skipped_examples"] = previous.get("skipped_examples", [])
-    start, bad = _restart_point(check_records(directory, progress["shards"], cache, PROGRESS, progress_bar))
+    info = tokenizer_info(tokenizer_of(config))
+    checks = check_records(directory, progress["shards"], cache, PROGRESS, progress_bar, dtype=info.dtype)
+    start, bad = _restart_point(checks)
     writer = ShardWriter(
         directory,
         progress,
@@ -457,10 +464,11 @@ def write_shards(
     last_end = records[-1]["end"]
     manifest = {
         "format_version": FORMAT_VERSION,
-        "tokenizer": "gpt2",
-        "vocab_size": VOCAB_SIZE,
-        "eot_id": EOT_ID,
-        "dtype": DTYPE,
+        "tokenizer": info.name,
+        "tokenizer_sha256": info.sha256,
+        "vocab_size": info.vocab_size,
+        "eot_id": info.eot_id,
+        "dtype": info.dtype,
         "config": config,
         "source": source.describe(),
         "documents": int(last_end[0]) + (1 if last_end[1] else 0),
@@ -478,7 +486,7 @@ def write_shards(
             for s in SPLITS
         },
     }
-    write_json_atomic(directory / MANIFEST, manifest)
+    write_json(directory / MANIFEST, manifest)
     new_tokens = manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"] - before
     print(
         f"{summary(directory, manifest)}; {new_tokens:,} tokens tokenized in {elapsed:.1f} s "
@@ -512,7 +520,8 @@ def repair_shards(
     manifest = read_json(directory / MANIFEST)
     entries = [e for s in SPLITS for e in manifest.get("splits", {}).get(s, {}).get("shards", [])]
     cache = VerifiedCache(directory)
-    checks = check_records(directory, entries, cache, "the manifest", progress_bar)
+    dtype = str(manifest.get("dtype", DTYPE))
+    checks = check_records(directory, entries, cache, "the manifest", progress_bar, dtype=dtype)
     damaged = [(e, c) for e, c in zip(entries, checks, strict=True) if not c.ok]
     if not damaged:
         return []

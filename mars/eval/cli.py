@@ -19,6 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from mars.checks import above, choice, reported_as
 from mars.eval import results as results_io
 from mars.eval.config import WANDB_MODES, register_configs
 from mars.eval.errors import EvalError
@@ -42,12 +43,13 @@ def _plain(value):
 
 
 def _check(cfg) -> None:
-    if cfg.wandb.mode not in WANDB_MODES:
-        raise EvalError(f"wandb.mode={cfg.wandb.mode!r} is not one of {', '.join(WANDB_MODES)}")
-    if cfg.num_fewshot < 0 or cfg.batch_size < 1:
-        raise EvalError(f"need num_fewshot >= 0, batch_size >= 1; got {cfg.num_fewshot}, {cfg.batch_size}")
-    if cfg.limit is not None and (not isinstance(cfg.limit, (int, float)) or cfg.limit <= 0):
-        raise EvalError(f"limit={cfg.limit!r} must be a positive number of documents (or a fraction < 1)")
+    with reported_as(EvalError):
+        choice("wandb.mode", cfg.wandb.mode, WANDB_MODES)
+        if cfg.num_fewshot < 0 or cfg.batch_size < 1:
+            got = f"{cfg.num_fewshot}, {cfg.batch_size}"
+            raise EvalError(f"need num_fewshot >= 0, batch_size >= 1; got {got}")
+        if cfg.limit is not None:
+            above("limit", cfg.limit, 0, " (documents per task, or a fraction of them when < 1)")
 
 
 def run(cfg) -> list[CheckpointEval]:
@@ -128,11 +130,20 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except user_errors() as e:
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)
-        sys.exit(2)
+        from mars.entry import EXIT_USAGE, fail
+
+        fail(str(e), EXIT_USAGE)
 
 
 def main() -> None:
+    """`python -m eval`: the command line is composed and checked first (mars.entry), so that an unknown
+    key or a bad value is one line and exit status 2, as for every command of the harness."""
+    from mars.entry import EXIT_USAGE, UsageError, check_hydra_command, fail
+
+    try:
+        check_hydra_command(CONFIG_DIR, "eval", sys.argv[1:], check=_check)
+    except (UsageError, EvalError) as e:
+        fail(str(e), EXIT_USAGE)
     _hydra_main()
 
 

@@ -1,9 +1,10 @@
-"""Zero-shot downstream evaluation of GPT models with lm-evaluation-harness.
+"""Zero-shot downstream evaluation of mars models (GPT-2, LLaMA, ...) with lm-evaluation-harness.
 
-The model is converted in memory to a transformers ``GPT2LMHeadModel`` (``mars.model.hf.to_hf``),
-paired with the offline GPT-2 tokenizer and scored by ``lm_eval.simple_evaluate`` through
-lm-eval's own Hugging Face backend (``HFLM``), so the numbers are exactly those of
-``lm_eval --model hf`` on the directory ``scripts/export_hf.py`` writes.
+The model is converted in memory to its transformers class (``mars.model.hf.to_hf``: a
+``GPT2LMHeadModel``, a ``LlamaForCausalLM``, ...), paired with the tokenizer its data was prepared
+with (data.tokenizer; the offline GPT-2 tokenizer by default) and scored by
+``lm_eval.simple_evaluate`` through lm-eval's own Hugging Face backend (``HFLM``), so the numbers
+are exactly those of ``lm_eval --model hf`` on the directory ``scripts/export_hf.py`` writes.
 
 ``evaluate_model`` is the in-loop API the trainer calls every ``downstream.interval`` steps;
 ``evaluate_checkpoint`` is what ``python -m eval`` runs.
@@ -35,17 +36,25 @@ def evaluate_model(
     batch_size: int = 8,
     device: str | torch.device = "cpu",
     num_fewshot: int = 0,
+    tokenizer: str = "gpt2",
 ) -> Scores:
     """Score ``model`` on ``tasks``; returns ``{task: {metric: value}}`` (e.g. ``{"arc_easy": {"acc": .5,
     "acc_norm": .47}}``; stderr entries are left out, groups such as mmlu carry their aggregate).
 
-    ``model`` is a ``mars.model.GPT`` (also inside DDP or torch.compile) or a transformers causal
-    LM. ``tasks`` as in :func:`mars.eval.tasks.resolve_tasks`; ``limit`` caps the documents per
-    task (a fraction when < 1). The model's train/eval mode, its gradients and the global RNG
+    ``model`` is a mars model of any registered architecture (also inside DDP or torch.compile) or a
+    transformers causal LM; ``tokenizer`` is the data.tokenizer it was trained with. ``tasks`` as in
+    :func:`mars.eval.tasks.resolve_tasks`; ``limit`` caps the documents per task (a fraction when
+    < 1). The model's train/eval mode, its gradients and the global RNG
     states (python, numpy, torch) are the same afterwards; call it on one rank only.
     """
     scores, _ = run_lm_eval(
-        model, tasks, limit=limit, batch_size=batch_size, device=device, num_fewshot=num_fewshot
+        model,
+        tasks,
+        limit=limit,
+        batch_size=batch_size,
+        device=device,
+        num_fewshot=num_fewshot,
+        tokenizer=tokenizer,
     )
     return scores
 
@@ -59,6 +68,7 @@ def run_lm_eval(
     device: str | torch.device = "cpu",
     num_fewshot: int = 0,
     include: Sequence[str] = (),
+    tokenizer: str = "gpt2",
 ) -> tuple[Scores, dict]:
     """:func:`evaluate_model` that also returns lm-eval's full (JSON-ready) results dict."""
     from lm_eval import simple_evaluate
@@ -69,8 +79,9 @@ def run_lm_eval(
     try:
         with _quiet_lm_eval(), _preserved_rng(), torch.no_grad():
             loaded = prepare_tasks(tasks, num_fewshot, include)
-            hf_model = as_hf_model(module).to(device)
-            lm = HFLM(pretrained=hf_model, tokenizer=hf_tokenizer(), batch_size=batch_size)
+            tok = hf_tokenizer(tokenizer)
+            hf_model = as_hf_model(module, tok).to(device)
+            lm = HFLM(pretrained=hf_model, tokenizer=tok, batch_size=batch_size)
             results = simple_evaluate(
                 model=lm,
                 tasks=list(loaded.objects),
@@ -98,8 +109,9 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def as_hf_model(model: torch.nn.Module):
-    """A transformers model for HFLM: transformers models as they are, GPT through to_hf."""
+def as_hf_model(model: torch.nn.Module, tokenizer=None):
+    """A transformers model for HFLM: transformers models as they are, mars models through to_hf
+    (``tokenizer``: the transformers tokenizer it was trained with; None: GPT-2's)."""
     from transformers import PreTrainedModel
 
     if isinstance(model, PreTrainedModel):
@@ -107,16 +119,18 @@ def as_hf_model(model: torch.nn.Module):
     from mars.model.hf import scale_is_honoured, to_hf
 
     # transformers releases that drop scale_attn_by_inverse_layer_idx under SDPA get eager attention
-    needs_eager = model.config.scale_attn_by_inverse_layer_idx and not scale_is_honoured("sdpa")
-    return to_hf(model, attn_implementation="eager" if needs_eager else "sdpa")
+    scaled = getattr(model.config, "scale_attn_by_inverse_layer_idx", False)
+    needs_eager = scaled and not scale_is_honoured("sdpa")
+    return to_hf(model, attn_implementation="eager" if needs_eager else "sdpa", tokenizer=tokenizer)
 
 
 @functools.cache
-def hf_tokenizer():
-    """The offline GPT-2 tokenizer (built once; lm-eval only sets its pad token, idempotently)."""
+def hf_tokenizer(name: str = "gpt2"):
+    """The transformers tokenizer of data.tokenizer=name (built once; lm-eval only sets its pad token,
+    idempotently)."""
     from mars.data.tokenizer import get_hf_tokenizer
 
-    return get_hf_tokenizer()
+    return get_hf_tokenizer(name)
 
 
 def prepare_tasks(
@@ -252,10 +266,18 @@ def evaluate_checkpoint(
 
     spec = resolve_tasks(tasks, include)
     prepare_tasks(spec, num_fewshot)  # bad task names and missing data fail before the model loads
+    from mars.data.tokenizer import tokenizer_of_run
+
     model, info = load_model(path, device=device)
     ckpt = Path(info.get("path", path))
     scores, raw = run_lm_eval(
-        model, spec, limit=limit, batch_size=batch_size, device=device, num_fewshot=num_fewshot
+        model,
+        spec,
+        limit=limit,
+        batch_size=batch_size,
+        device=device,
+        num_fewshot=num_fewshot,
+        tokenizer=tokenizer_of_run(info.get("config")),
     )
     return CheckpointEval(
         name=name or checkpoint_label(ckpt, info.get("step")),

@@ -15,6 +15,7 @@ from pathlib import Path
 from mars.eval.errors import EvalError
 from mars.eval.harness import CheckpointEval, flatten_scores, run_dir_of
 from mars.eval.tables import markdown_table
+from mars.files import write_atomic
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "table.md"
@@ -33,9 +34,7 @@ def save(result: CheckpointEval, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     meta = {k: v for k, v in dataclasses.asdict(result).items() if k != "lm_eval"}
     path = out / RESULTS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({**result.lm_eval, "mars": meta}, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps({**result.lm_eval, "mars": meta}, indent=2) + "\n")
     (out / TABLE_FILE).write_text(markdown_table([(result.name, result.scores)]))
     return path
 

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+# The MLP activation. "gelu_tanh": GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+# as in the original GPT-2, the reference runs (docs/algorithms.md section 6) and Hugging Face's
+# "gelu_new". "gelu": the exact erf form, for models trained with it.
+ACTIVATIONS = ("gelu_tanh", "gelu")
+
 
 @dataclass
 class GPTConfig:
     """Field names are the `model.*` config keys and GPT's constructor arguments."""
 
+    arch: str = "gpt2"  # model.arch: the architecture (mars.model.spec)
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
@@ -17,6 +23,7 @@ class GPTConfig:
     bias: bool = False
     dropout: float = 0.0
     scale_attn_by_inverse_layer_idx: bool = True
+    activation: str = "gelu_tanh"  # gelu_tanh (GPT-2's, the reference's) | gelu (exact erf)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,4 +1,5 @@
-"""Training FLOPs per token and model FLOPs utilisation (MFU).
+"""Training FLOPs per token and model FLOPs utilisation (MFU); GPT-2's counts (other architectures
+give theirs in their spec: mars.model.spec, e.g. mars.model.llama.flops_per_token).
 
 flops_per_token counts the matmuls of one forward + backward pass (backward = 2x forward), as
 in the PaLM paper's appendix B and nanoGPT's estimate_mfu:

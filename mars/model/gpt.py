@@ -3,25 +3,26 @@
 Parameter names follow nanoGPT (and therefore Hugging Face's GPT2LMHeadModel):
 ``transformer.wte``, ``transformer.wpe``, ``transformer.h.{i}.{ln_1,attn.c_attn,attn.c_proj,ln_2,
 mlp.c_fc,mlp.c_proj}``, ``transformer.ln_f`` and ``lm_head`` (the same tensor as ``wte``).
+The MLP's GELU is GPT-2's tanh approximation unless ``config.activation`` says "gelu" (exact).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mars.model.config import GPTConfig
+from mars.checks import at_least, choice, fraction, multiple_of
+from mars.model.config import ACTIVATIONS, GPTConfig
+from mars.model.lm import CausalLM, normal_, token_loss
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
-        if config.n_embd % config.n_head != 0:
-            raise ValueError(f"n_embd={config.n_embd} is not divisible by n_head={config.n_head}")
+        multiple_of("n_embd", config.n_embd, "n_head", config.n_head)
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -48,8 +49,10 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        choice("activation", config.activation, ACTIVATIONS)
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()  # exact (erf) GELU; exported to Hugging Face as activation "gelu"
+        # gelu_tanh: GPT-2's tanh approximation (Hugging Face "gelu_new"); gelu: the exact erf form
+        self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -70,7 +73,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT(nn.Module):
+class GPT(CausalLM):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
@@ -86,27 +89,6 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.tie_weights()
         self.init_weights()
-
-    @classmethod
-    def empty(
-        cls,
-        config: GPTConfig,
-        device: str | torch.device,
-        dtype: torch.dtype | None = None,
-        on_meta: Callable[[GPT], None] | None = None,
-    ) -> GPT:
-        """The model with its weights allocated on ``device`` (in ``dtype``) but not set: built on the
-        meta device, so nothing is initialised only to be overwritten by loaded weights or
-        ``init_weights``. ``on_meta(model)`` runs before the allocation (e.g. FSDP2 sharding)."""
-        with torch.device("meta"):
-            model = cls(config)
-        if on_meta is not None:
-            on_meta(model)
-        if dtype is not None:
-            model.to(dtype=dtype)
-        model.to_empty(device=device)
-        model.tie_weights()
-        return model
 
     def tie_weights(self) -> None:
         """Make lm_head use the token embedding matrix (call again after ``to_empty``)."""
@@ -125,11 +107,11 @@ class GPT(nn.Module):
             if module is self.lm_head:
                 continue  # shares its weight with wte, drawn once below as an Embedding
             if isinstance(module, nn.Linear):
-                _normal_(module.weight, residual_std if name.endswith("c_proj") else 0.02, generator)
+                normal_(module.weight, residual_std if name.endswith("c_proj") else 0.02, generator)
                 if module.bias is not None:
                     module.bias.zero_()
             elif isinstance(module, nn.Embedding):
-                _normal_(module.weight, 0.02, generator)
+                normal_(module.weight, 0.02, generator)
             elif isinstance(module, nn.LayerNorm):
                 module.weight.fill_(1.0)
                 if module.bias is not None:
@@ -148,32 +130,68 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx, targets: int64 (B, T) token ids, T <= block_size; targets of -1 are ignored.
         Returns the logits (B, T, vocab_size) for every position, and the mean token
-        cross-entropy computed in fp32 (None without targets)."""
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        cross-entropy computed in fp32, or fp64 for a float64 model (None without targets)."""
+        self.check_length(idx)
+        pos = torch.arange(idx.shape[1], dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
-        return logits, loss
+        return logits, None if targets is None else token_loss(logits, targets)
 
 
-def _normal_(param: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
-    """param <- N(0, std), drawn for the whole tensor even when param is a shard of it."""
-    from torch.distributed.tensor import DTensor
+# ----------------------------------------------------------------------------- the architecture's spec
 
-    if isinstance(param, DTensor):
-        from mars.model.io import copy_full_
+GPT_SIZES = {(4, 4, 256): "tiny", (12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large",
+             (48, 25, 1600): "xl"}  # fmt: skip
 
-        local = param.to_local()
-        full = torch.empty(param.shape, dtype=local.dtype, device=local.device)
-        copy_full_(param, full.normal_(0.0, std, generator=generator))
-    else:
-        param.normal_(0.0, std, generator=generator)
+
+def validate_config(c: GPTConfig) -> None:
+    """One ValueError per value that cannot build a GPT, naming the key."""
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        at_least(f"model.{key}", getattr(c, key), 1)
+    multiple_of("model.n_embd", c.n_embd, "model.n_head", c.n_head)
+    fraction("model.dropout", c.dropout)
+    choice("model.activation", c.activation, ACTIVATIONS)
+
+
+def _register() -> None:
+    from mars.model import flops
+    from mars.model.spec import ModelSpec, register_arch, roles_by_name
+
+    register_arch(
+        ModelSpec(
+            name="gpt2",
+            title="GPT-2",
+            config=GPTConfig,
+            model=GPT,
+            blocks=lambda model: model.transformer.h,
+            flops_per_token=flops.flops_per_token,
+            count_params=flops.count_params,
+            param_roles=lambda model: roles_by_name(
+                model,
+                embeddings=("transformer.wte.weight", "transformer.wpe.weight"),
+                heads=("lm_head.weight",),
+            ),
+            tied=lambda config: {"lm_head.weight": "transformer.wte.weight"},
+            shape_keys=("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias"),
+            fixed_keys=("scale_attn_by_inverse_layer_idx", "activation"),
+            required_keys=(
+                "n_layer",
+                "n_head",
+                "n_embd",
+                "block_size",
+                "vocab_size",
+                "bias",
+                "dropout",
+                "scale_attn_by_inverse_layer_idx",
+            ),  # fmt: skip
+            legacy_values={"activation": "gelu"},  # model.json / run configs written before the field
+            validate=validate_config,
+            sizes=GPT_SIZES,
+            hf_adapter="mars.model.hf",
+        )
+    )
+
+
+_register()

@@ -1,4 +1,6 @@
-"""Conversion between mars GPT and Hugging Face transformers' GPT2LMHeadModel.
+"""Hugging Face interop: the GPT-2 adapter (mars GPT <-> transformers' GPT2LMHeadModel), and the
+entry points for every architecture (``to_hf`` / ``from_hf`` / ``export_hf`` hand other
+architectures to the adapter their spec names, e.g. mars.model.hf_llama).
 
 Mapping (our parameter names already match Hugging Face's):
 - the four matmul weights of a block (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are
@@ -9,8 +11,11 @@ Mapping (our parameter names already match Hugging Face's):
   (rows 50257..50303 are padding no token id maps to), so its logits over the real tokens equal
   ours exactly; importing pads back to ``mars_vocab_size`` (stored in config.json; 50304) with
   zero rows;
-- activation "gelu" (exact erf GELU, as nn.GELU), LayerNorm eps 1e-5,
-  scale_attn_by_inverse_layer_idx as configured, n_positions = block_size.
+- activation: our default tanh GELU (GPT-2's, config.activation "gelu_tanh") is exported as
+  "gelu_new", the name GPT-2's own config uses; importing maps every Hugging Face spelling of the tanh
+  form (gelu_new, gelu_pytorch_tanh, gelu_fast) to it, and the exact erf form ("gelu",
+  "gelu_python") to config.activation "gelu", so an imported model computes what it computed there;
+- LayerNorm eps 1e-5, scale_attn_by_inverse_layer_idx as configured, n_positions = block_size.
 
 transformers applies scale_attn_by_inverse_layer_idx in its SDPA path only in recent releases
 (huggingface/transformers#44380 / #44397); older ones silently drop it there and need
@@ -32,18 +37,26 @@ from mars.model.config import GPTConfig
 from mars.model.gpt import GPT
 from mars.model.io import unwrap_model
 
+HF_MODEL_TYPE = "gpt2"
+HF_ARCHITECTURE = "GPT2LMHeadModel"
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 WTE, WPE, LM_HEAD = "transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"
 LAYER_NORM_EPS = 1e-5
-TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+# Hugging Face activation_function values of each of our activations (the first is what we export)
+HF_ACTIVATIONS = {
+    "gelu_tanh": ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"),
+    "gelu": ("gelu", "gelu_python"),
+}
 
 
-def hf_config(config: GPTConfig, attn_implementation: str = "sdpa"):
-    """The transformers GPT2Config that computes what GPT(config) computes."""
+def hf_config(config: GPTConfig, attn_implementation: str = "sdpa", tokenizer=None):
+    """The transformers GPT2Config that computes what GPT(config) computes (over the real tokens of
+    ``tokenizer``, default GPT-2's)."""
     from transformers import GPT2Config
 
-    vocab = min(config.vocab_size, VOCAB_SIZE)
-    eot = EOT_ID if vocab > EOT_ID else None
+    real, eot = (VOCAB_SIZE, EOT_ID) if tokenizer is None else (len(tokenizer), tokenizer.eos_token_id)
+    vocab = min(config.vocab_size, real)
+    eot = eot if eot is not None and vocab > eot else None
     return GPT2Config(
         vocab_size=vocab,
         n_positions=config.block_size,
@@ -51,7 +64,7 @@ def hf_config(config: GPTConfig, attn_implementation: str = "sdpa"):
         n_layer=config.n_layer,
         n_head=config.n_head,
         n_inner=4 * config.n_embd,
-        activation_function="gelu",
+        activation_function=HF_ACTIVATIONS[config.activation][0],
         resid_pdrop=config.dropout,
         embd_pdrop=config.dropout,
         attn_pdrop=config.dropout,
@@ -70,14 +83,18 @@ def hf_config(config: GPTConfig, attn_implementation: str = "sdpa"):
     )
 
 
-def to_hf(model: nn.Module, attn_implementation: str = "sdpa"):
+def to_hf(model: nn.Module, attn_implementation: str = "sdpa", tokenizer=None):
     """A GPT2LMHeadModel (on the model's device and dtype, same train/eval mode) with our weights
     copied in: it shares no storage with ``model``."""
     from transformers import GPT2LMHeadModel
 
     gpt = unwrap_model(model)
+    if not isinstance(gpt, GPT):  # another architecture: its own adapter
+        from mars.model.spec import spec_of
+
+        return spec_of(gpt).hf().to_hf(gpt, attn_implementation, tokenizer)
     ours = gpt.state_dict()
-    config = hf_config(gpt.config, attn_implementation)
+    config = hf_config(gpt.config, attn_implementation, tokenizer)
     with torch.device("meta"):
         hf = GPT2LMHeadModel(config)
     tensors = {}
@@ -106,8 +123,11 @@ def to_hf(model: nn.Module, attn_implementation: str = "sdpa"):
 
 
 def from_hf(hf_model) -> GPT:
-    """Our GPT with the weights of a GPT2LMHeadModel (same device, dtype and train/eval mode)."""
+    """Our model with the weights of a transformers model (same device, dtype and train/eval mode): a
+    GPT from a GPT2LMHeadModel, another architecture through the adapter of its model_type."""
     hc = hf_model.config
+    if hc.model_type != HF_MODEL_TYPE:
+        return adapter_for(hc.model_type).from_hf(hf_model)
     problems = []
     if hc.n_inner not in (None, 4 * hc.n_embd):
         problems.append(f"n_inner={hc.n_inner} (we use 4 * n_embd = {4 * hc.n_embd})")
@@ -117,16 +137,12 @@ def from_hf(hf_model) -> GPT:
         problems.append(f"layer_norm_epsilon={hc.layer_norm_epsilon} (we use {LAYER_NORM_EPS})")
     if getattr(hc, "add_cross_attention", False):
         problems.append("add_cross_attention=True")
-    if hc.activation_function not in ("gelu",) + TANH_GELUS:
-        problems.append(f"activation_function={hc.activation_function!r} (we use exact 'gelu')")
+    activation = next((ours for ours, hf in HF_ACTIVATIONS.items() if hc.activation_function in hf), None)
+    if activation is None:
+        known = ", ".join(name for names in HF_ACTIVATIONS.values() for name in names)
+        problems.append(f"activation_function={hc.activation_function!r} (we take {known})")
     if problems:
         raise ValueError("cannot import this GPT-2 into mars GPT: " + "; ".join(problems))
-    if hc.activation_function in TANH_GELUS:
-        warnings.warn(
-            f"activation_function={hc.activation_function!r} is the tanh GELU approximation; mars GPT "
-            "uses the exact GELU, so logits will differ slightly from the Hugging Face model's",
-            stacklevel=2,
-        )
 
     theirs = hf_model.state_dict()
     bias = bool(getattr(hc, "mars_bias", False)) or any(
@@ -144,6 +160,7 @@ def from_hf(hf_model) -> GPT:
         bias=bias,
         dropout=hc.resid_pdrop,
         scale_attn_by_inverse_layer_idx=bool(hc.scale_attn_by_inverse_layer_idx),
+        activation=activation,
     )
     ref_param = theirs[WTE]
     model = GPT.empty(config, ref_param.device, dtype=ref_param.dtype)
@@ -160,6 +177,21 @@ def from_hf(hf_model) -> GPT:
     tensors[LM_HEAD] = tensors[WTE]
     model.load_state_dict(tensors, strict=True)
     return model.train(hf_model.training)
+
+
+def adapter_for(model_type: str):
+    """The adapter module (mars.model.spec's hf_adapter) whose HF_MODEL_TYPE is ``model_type``."""
+    import importlib
+
+    from mars.model.spec import arch, arch_names
+
+    adapters = [arch(n).hf_adapter for n in arch_names() if arch(n).hf_adapter]
+    for name in adapters:
+        module = importlib.import_module(name)
+        if module.HF_MODEL_TYPE == model_type:
+            return module
+    kinds = ", ".join(importlib.import_module(n).HF_MODEL_TYPE for n in adapters)
+    raise ValueError(f"no mars architecture imports a Hugging Face {model_type!r} model (known: {kinds})")
 
 
 @functools.cache
@@ -186,8 +218,10 @@ def scale_is_honoured(attn_implementation: str = "sdpa") -> bool:
 def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> Path:
     """Write the checkpoint at path (run dir, ckpt dir or step dir) as a Hugging Face model
     directory (model.safetensors, config.json, generation_config.json, tokenizer files) that
-    AutoModelForCausalLM / AutoTokenizer.from_pretrained load offline. Returns out_dir."""
-    from mars.data.tokenizer import get_hf_tokenizer
+    AutoModelForCausalLM / AutoTokenizer.from_pretrained load offline: GPT2LMHeadModel for a GPT-2,
+    the adapter's class for another architecture, with the tokenizer the run's data was prepared
+    with (data.tokenizer). Returns out_dir."""
+    from mars.data.tokenizer import get_hf_tokenizer, tokenizer_of_run
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -197,10 +231,16 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, force: bool =
             f"{out} is not empty; choose another directory or pass --force to write over it"
         )
     from mars.checkpoint import load_model
+    from mars.model.spec import spec_of
 
-    model, _ = load_model(path)
-    hf = to_hf(model).eval()
-    if model.config.scale_attn_by_inverse_layer_idx and not scale_is_honoured("sdpa"):
+    model, info = load_model(path)
+    tokenizer = get_hf_tokenizer(tokenizer_of_run(info.get("config")))
+    hf = to_hf(model, tokenizer=tokenizer).eval()
+    if (
+        isinstance(model, GPT)
+        and model.config.scale_attn_by_inverse_layer_idx
+        and not scale_is_honoured("sdpa")
+    ):
         warnings.warn(
             "this transformers version ignores scale_attn_by_inverse_layer_idx under SDPA: load the "
             "export with attn_implementation='eager'",
@@ -208,7 +248,9 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, force: bool =
         )
     out.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out, max_shard_size="1000GB")
-    tokenizer = get_hf_tokenizer()
+    finish = getattr(spec_of(model).hf(), "finish_export", None)
+    if finish is not None:
+        finish(out, model)
     tokenizer.model_max_length = model.config.block_size
     tokenizer.save_pretrained(out)
     return out

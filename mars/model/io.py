@@ -1,7 +1,9 @@
-"""Model directories: a GPT as ``model.safetensors`` + ``model.json``, written and read back safely.
+"""Model directories: a model as ``model.safetensors`` + ``model.json``, written and read back safely.
 
-``model.safetensors`` holds the state_dict with the tied wte/lm_head matrix stored once (under
-``transformer.wte.weight``); ``model.json`` holds the GPTConfig. A training checkpoint holds such a
+``model.safetensors`` holds the state_dict with a tied matrix stored once (GPT-2's wte/lm_head under
+``transformer.wte.weight``; the spec's ``tied`` says which); ``model.json`` holds the model config,
+its ``arch`` naming the architecture (a file without one, written before there were two, is GPT-2's).
+A training checkpoint holds such a
 pair (see mars.checkpoint.layout, which owns the checkpoint layout and finds checkpoints); so does a
 directory written by ``save_model`` on its own.
 """
@@ -19,21 +21,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mars.checkpoint.layout import MODEL_CONFIG, MODEL_WEIGHTS, CheckpointError, read_json_object
-from mars.model.config import GPTConfig
-from mars.model.gpt import GPT
+from mars.files import write_atomic
+from mars.model.spec import DEFAULT_ARCH, ModelSpec, arch, model_config, spec_of
 
-TIED_KEY, EMBEDDING_KEY = "lm_head.weight", "transformer.wte.weight"
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DistributedDataParallel
-
-# model.json must name these; GPTConfig fields added later fall back to their defaults.
-REQUIRED_CONFIG_KEYS = (
-    "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias", "dropout",
-    "scale_attn_by_inverse_layer_idx",
-)  # fmt: skip
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The GPT inside DistributedDataParallel and/or torch.compile wrappers (FSDP2 wraps in place)."""
+    """The model inside DistributedDataParallel and/or torch.compile wrappers (FSDP2 wraps in place)."""
     while True:
         if hasattr(model, "_orig_mod"):
             model = model._orig_mod
@@ -53,57 +48,72 @@ def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, tor
     return out
 
 
-def _gpt(model: nn.Module) -> GPT:
-    gpt = unwrap_model(model)
-    if not isinstance(gpt, GPT):
-        raise TypeError(f"expected a mars GPT (possibly compiled / DDP-wrapped), got {type(gpt)}")
-    return gpt
+def _model(model: nn.Module) -> nn.Module:
+    inner = unwrap_model(model)
+    spec_of(inner)  # TypeError for a module of no registered architecture
+    return inner
 
 
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """{alias: stored name} of the model's tied parameters (lm_head.weight -> the embedding when tied)."""
+    inner = _model(model)
+    return spec_of(inner).tied(inner.config)
 
 
 def save_model_config(model: nn.Module, dir: str | os.PathLike) -> Path:
-    """Write dir/model.json (the GPTConfig); returns the directory."""
+    """Write dir/model.json (the model config, with its arch); returns the directory."""
     out = Path(dir)
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_gpt(model).config.to_dict(), indent=2) + "\n"
-    _write_atomic(out / MODEL_CONFIG, lambda p: p.write_text(text, encoding="utf-8"))
+    text = json.dumps(dataclasses.asdict(_model(model).config), indent=2) + "\n"
+    write_atomic(out / MODEL_CONFIG, text)
     return out
 
 
 def save_model(model: nn.Module, dir: str | os.PathLike) -> Path:
     """Write dir/model.safetensors and dir/model.json; returns the directory. Not for sharded models."""
-    gpt = _gpt(model)
+    inner = _model(model)
     out = Path(dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in gpt.state_dict().items() if k != TIED_KEY}
-    _write_atomic(out / MODEL_WEIGHTS, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
-    return save_model_config(gpt, out)
+    aliases = tied_aliases(inner)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in inner.state_dict().items() if k not in aliases}
+    write_atomic(out / MODEL_WEIGHTS, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+    return save_model_config(inner, out)
 
 
-def read_model_config(file: Path) -> GPTConfig:
-    """GPTConfig from a model.json, with every problem reported against the file."""
+def saved_arch(raw: dict) -> str:
+    """The architecture a model.json (or run config's model section) describes: its arch, else gpt2."""
+    return str(raw.get("arch", DEFAULT_ARCH))
+
+
+def read_model_config(file: Path):
+    """The model config (of the architecture its arch names) from a model.json, with every problem
+    reported against the file."""
     raw = read_json_object(file)
-    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
-    unknown = sorted(set(raw) - set(fields))
-    missing = [k for k in REQUIRED_CONFIG_KEYS if k not in raw]
+    try:
+        spec: ModelSpec = arch(saved_arch(raw))
+    except ValueError as e:
+        raise CheckpointError(f"{file}: {e} (this version of mars cannot load it)") from None
+    unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(spec.config)})
+    missing = [k for k in spec.required_keys if k not in raw]
     if unknown or missing:
-        raise CheckpointError(f"{file}: unknown keys {unknown}, missing keys {missing} (GPTConfig fields)")
-    for key, value in raw.items():
-        expected = type(fields[key].default)
-        ok = isinstance(value, (int, float)) if expected is float else isinstance(value, expected)
-        if not ok or (expected is not bool and isinstance(value, bool)):
-            raise CheckpointError(f"{file}: {key}={value!r} should be a {expected.__name__}")
-    return GPTConfig(**raw)
+        raise CheckpointError(
+            f"{file}: unknown keys {unknown}, missing keys {missing} (model.arch={spec.name} config fields)"
+        )
+    try:
+        config = model_config({**spec.legacy_values, **raw}, where=str(file))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    try:
+        spec.validate(config)
+    except ValueError as e:
+        raise CheckpointError(f"{file}: {e}") from None
+    return config
 
 
-def read_weights(file: Path) -> dict[str, torch.Tensor]:
-    """The state_dict in a model.safetensors (on CPU), wrapper prefixes stripped, lm_head re-tied.
-    Non-finite values are refused: a checkpoint with NaN/inf weights cannot continue a run."""
+def read_weights(file: Path, tied: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """The state_dict in a model.safetensors (on CPU), wrapper prefixes stripped, the ``tied``
+    aliases ({alias: stored name}) put back. Non-finite values are refused: a checkpoint with NaN/inf
+    weights cannot continue a run."""
     if not file.is_file():
         raise CheckpointError(f"{file} is missing: the checkpoint has no model weights")
     try:
@@ -116,17 +126,19 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
             f"{file}: tensor(s) {', '.join(sorted(bad)[:3])} hold NaN or inf values; this checkpoint is "
             "corrupt or was saved after training diverged: resume from an earlier one"
         )
-    if EMBEDDING_KEY in tensors:
-        head = tensors.pop(TIED_KEY, None)
-        if head is not None and not torch.equal(head, tensors[EMBEDDING_KEY]):
-            raise CheckpointError(f"{file}: {TIED_KEY} differs from {EMBEDDING_KEY}, but GPT ties them")
-        tensors[TIED_KEY] = tensors[EMBEDDING_KEY]
+    for alias, stored in (tied or {}).items():
+        if stored not in tensors:
+            continue  # reported by check_weights_fit
+        head = tensors.pop(alias, None)
+        if head is not None and not torch.equal(head, tensors[stored]):
+            raise CheckpointError(f"{file}: {alias} differs from {stored}, but the model ties them")
+        tensors[alias] = tensors[stored]
     return tensors
 
 
 def check_weights_fit(model: nn.Module, tensors: dict[str, torch.Tensor], file: Path) -> None:
     """Same tensor names and shapes as the model (global shapes for a sharded model)."""
-    expected = _gpt(model).state_dict()
+    expected = _model(model).state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
@@ -139,7 +151,7 @@ def check_weights_fit(model: nn.Module, tensors: dict[str, torch.Tensor], file: 
         if tuple(tensors[key].shape) != tuple(ref.shape):
             raise CheckpointError(
                 f"{file}: {key} has shape {tuple(tensors[key].shape)} but {MODEL_CONFIG} "
-                f"({_gpt(model).config}) gives {tuple(ref.shape)}"
+                f"({_model(model).config}) gives {tuple(ref.shape)}"
             )
 
 
@@ -148,10 +160,9 @@ def load_weights(model: nn.Module, model_dir: str | os.PathLike) -> None:
     """Copy model_dir/model.safetensors into an existing model, checking names and shapes.
     A sharded (FSDP2) model takes each rank's slice of every tensor."""
     file = Path(model_dir) / MODEL_WEIGHTS
-    tensors = read_weights(file)
+    tensors = read_weights(file, tied_aliases(model))
     check_weights_fit(model, tensors, file)
-    gpt = _gpt(model)
-    for name, param in gpt.state_dict(keep_vars=True).items():
+    for name, param in _model(model).state_dict(keep_vars=True).items():
         copy_full_(param, tensors[name])
 
 

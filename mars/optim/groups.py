@@ -8,7 +8,9 @@ Grouping (docs/algorithms.md sections 2-4):
 - muon, moonlight, mars_m: hidden matrices (ndim >= 2, not an embedding or the head) with
   use_muon=True; embeddings, the head and every tensor of fewer than 2 dims with use_muon=False.
 A parameter shared by two modules (GPT's lm_head tied to wte) is listed once, under its first name,
-and counts as an embedding.
+and counts as an embedding. Which parameters are embeddings and which the output head: the model's
+architecture says (its spec's param_roles, mars.model.spec); for any other module, names and
+nn.Embedding decide.
 """
 
 from __future__ import annotations
@@ -22,7 +24,20 @@ HEAD_NAMES = frozenset({"lm_head"})
 
 
 def _special_params(model: nn.Module) -> tuple[set[int], set[int]]:
-    """ids of embedding parameters (nn.Embedding or an embedding-like name) and of output-head ones."""
+    """ids of embedding parameters and of output-head ones: the architecture's param_roles, else
+    nn.Embedding or an embedding-like name."""
+    from mars.model.spec import spec_of
+
+    try:
+        roles = spec_of(model).param_roles(model)
+    except TypeError:  # not a model of a registered architecture
+        roles = None
+    if roles is not None:
+        params = dict(model.named_parameters())
+        return (
+            {id(params[n]) for n, r in roles.items() if r == "embedding"},
+            {id(params[n]) for n, r in roles.items() if r == "head"},
+        )
     embeddings, heads = set(), set()
     for module_name, module in model.named_modules():
         for param_name, p in module.named_parameters(recurse=False):

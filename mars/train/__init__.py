@@ -7,4 +7,6 @@ checkpoint.py   atomic step checkpoints, rotation, safe loading, RNG state captu
 metrics.py      metrics.jsonl, Weights & Biases, the progress bar
 trainer.py      the loop: accumulation, DDP, exact/approximate MARS, resume, preemption
 cli.py          Hydra entry point: config checks, run dir, then the Trainer
+rundir.py       the run dir's rules: a new run, resume=auto / PATH, what is moved aside
+runlock.py      one run per run dir: an OS lock held for the run's lifetime
 """

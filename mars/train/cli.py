@@ -1,11 +1,16 @@
 """`python train.py [overrides]` / `mars-train [overrides]`: compose the Hydra config, check it, train.
 
-Everything a user can get wrong is reported as ONE line on stderr (exit status 2 for config
-errors, 1 for the rest) before any data is read or a process group is created:
-  * composition errors (unknown group option, unknown key, wrong type) are caught by composing
-    the config once up front (every combination of a -m sweep) with Hydra's compose API;
+Everything a user can get wrong is reported as ONE line on stderr (mars.entry: exit status 2 for
+command-line errors, 1 for the rest) before any data is read or a process group is created:
+  * composition errors (unknown group option, unknown key, wrong type, an interpolation the harness
+    does not support) are caught by composing and resolving the config once up front (every
+    combination of a -m sweep) with Hydra's compose API;
   * value errors come from mars.train.config.validate;
-  * a missing dataset, a bad or mismatched checkpoint are checked on rank 0 before DDP starts.
+  * before Hydra writes anything into the run dir, rank 0 takes the run dir's lock
+    (mars.train.runlock: a second run there is refused) and refuses a new run in a run dir that
+    holds one (mars.train.rundir.claim);
+  * a missing or unwritable dataset, a bad or mismatched checkpoint are checked on rank 0 before DDP
+    starts.
 
 Under torchrun every rank composes the same config, but only rank 0 keeps Hydra's output dir:
 the other ranks are told not to write one, and receive rank 0's run dir once the process group
@@ -14,40 +19,37 @@ is up, so all ranks share one run dir.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 import re
 import sys
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from mars.train.config import ConfigError, register_configs, validate
-from mars.train.distributed import env_rank, env_world_size, launched_distributed
+from mars.entry import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    hydra_args,
+    hydra_value,
+    is_composition_error,
+    one_line,
+    resolve_all,
+    sweep_combinations,
+)
+from mars.plugins import PluginError
+from mars.train.config import ConfigError, config_dir, register_configs, validate
+from mars.train.distributed import adopt_slurm_env, env_rank, env_world_size, launched_distributed
 
 log = logging.getLogger("mars.train")
 
 CONFIG_NAME = "config"
 MAX_PRECHECKED_JOBS = 256
 
-
-def config_dir() -> str:
-    """The repository's configs/ (absolute, so `python train.py` and `mars-train` both find it)."""
-    env = os.environ.get("MARS_CONFIG_DIR")
-    if env:
-        return str(Path(env).resolve())
-    return str(Path(__file__).resolve().parents[2] / "configs")
-
-
-# lines of Hydra / OmegaConf messages that say nothing the user can act on
-_NOISE = (
-    "object_type=",
-    "reference_type=",
-    "Set the environment variable HYDRA_FULL_ERROR",
-    "Config search path:",
-    "provider=",
-    "To append to your config use",
-)
+__all__ = ["compose_config", "config_dir", "main", "one_line", "precheck", "run"]
 
 
 def compose_config(overrides: list[str] | None = None, config_name: str = CONFIG_NAME) -> DictConfig:
@@ -59,28 +61,13 @@ def compose_config(overrides: list[str] | None = None, config_name: str = CONFIG
         return compose(config_name=config_name, overrides=list(overrides or []))
 
 
-def one_line(e: BaseException) -> str:
-    """Hydra / OmegaConf error text (often several lines, plus a cause) as one line."""
-    texts = [str(e)]
-    cause = e.__cause__ or e.__context__
-    if cause is not None and str(cause) and str(cause) not in texts[0]:
-        texts.append(str(cause))
-    parts: list[str] = []
-    options: list[str] = []
-    for raw in "\n".join(texts).splitlines():
-        line = raw.strip()
-        if not line or line.startswith(_NOISE):
-            continue
-        if raw.startswith("\t") and parts and parts[-1].startswith("Available options"):
-            options.append(line)
-            continue
-        if options:
-            parts[-1] += " " + ", ".join(options)
-            options = []
-        parts.append(line)
-    if options:
-        parts[-1] += " " + ", ".join(options)
-    return "; ".join(parts)
+def _chain_text(e: BaseException | None, depth: int = 5) -> str:
+    """The messages of `e` and the exceptions it came from (Hydra wraps OmegaConf's), one a line."""
+    texts = []
+    while e is not None and len(texts) < depth:
+        texts.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(texts)
 
 
 _FOREIGN_KEY = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<cls>\w+)'\s+full_key: optimizer\.")
@@ -91,11 +78,7 @@ def optimizer_key_error(e: BaseException) -> str | None:
     keys it does take (None for any other error)."""
     from mars.optim import optimizer_names, registered
 
-    texts = []
-    while e is not None and len(texts) < 5:
-        texts.append(str(e))
-        e = e.__cause__ or e.__context__
-    text = "\n".join(texts)
+    text = _chain_text(e)
     m = _FOREIGN_KEY.search(text)
     if m is None:
         return None
@@ -108,53 +91,121 @@ def optimizer_key_error(e: BaseException) -> str | None:
     return f"optimizer.{m['key']}{source}: optimizer={name} has no key '{m['key']}'; its keys: {keys}"
 
 
-def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides=overrides)
-    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    return [combo for batch in batches for combo in batch]
+_FOREIGN_MODEL_KEY = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<cls>\w+)'\s+full_key: model\.")
 
 
-def precheck(argv: list[str]) -> None:
-    """Compose (and validate) the config of every job the command line asks for; raise ConfigError."""
-    from hydra import compose, initialize_config_dir
-    from hydra._internal.utils import get_args_parser
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+def model_key_error(e: BaseException) -> str | None:
+    """For a key the chosen architecture does not take (a LLaMA key on a GPT-2 preset): one line naming
+    the key, the architecture and the keys it does take (None for any other error)."""
+    from mars.model.spec import arch, arch_names
 
-    args = get_args_parser().parse_args(argv)
-    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.config_dir:
-        return  # Hydra's own informational modes, or an extra config dir we do not know about
-    if args.config_path is not None:
+    m = _FOREIGN_MODEL_KEY.search(_chain_text(e))
+    name = m and next((n for n in arch_names() if arch(n).config.__name__ == m["cls"]), None)
+    if not name:
+        return None
+    keys = ", ".join(f.name for f in dataclasses.fields(arch(name).config) if f.name != "arch")
+    others = [n for n in arch_names() if n != name and m["key"] in arch(n).config.__dataclass_fields__]
+    hint = f" (a model.arch={others[0]} key: choose a model={others[0]}_... preset)" if others else ""
+    return f"model.{m['key']}: model.arch={name} has no key '{m['key']}'{hint}; its keys: {keys}"
+
+
+def check_launch(cfg, multirun: bool, local: bool = True) -> None:
+    """launch.gpus_per_job places the jobs of a sweep: refused where it would be ignored or cannot work
+    (`local`: the jobs run on this machine, i.e. not through a cluster launcher such as submitit)."""
+    per_job = int(cfg.launch.gpus_per_job)
+    if per_job < 1 or launched_distributed():
         return
+    if not multirun:
+        raise ConfigError(
+            f"launch.gpus_per_job={per_job} places the jobs of a sweep (python train.py -m ...) and is "
+            f"ignored by a single run: drop it, or run on {per_job} GPU(s) with torchrun "
+            f"--nproc_per_node={per_job} train.py ..."
+        )
+    if local:
+        from mars.train.launch import gpu_slots, visible_gpus
+
+        gpu_slots(visible_gpus(), per_job)  # ConfigError when this machine has too few GPUs
+
+
+@dataclass
+class Plan:
+    """What the command line asks for, as far as main() needs it before Hydra starts."""
+
+    multirun: bool
+    cfg: DictConfig  # the first job's config
+    cfgs: list[DictConfig] = field(default_factory=list)  # every job's (the first MAX_PRECHECKED_JOBS)
+    out_dir: Path | None = None  # hydra.run.dir (or hydra.sweep.dir with -m), resolved; None: unknown
+
+
+def precheck(argv: list[str]) -> Plan | None:
+    """Compose, resolve and validate the config of every job the command line asks for; raise
+    ConfigError. None for Hydra's informational modes (--help, --cfg, ...), which Hydra handles."""
+    from hydra import compose, initialize_config_dir
+
+    args = hydra_args(argv)
+    if args is None:
+        return None
     try:
-        combos = _sweep_combinations(args.overrides) if args.multirun else [args.overrides]
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(one_line(e)) from None
+        combos = sweep_combinations(args.overrides) if args.multirun else [args.overrides]
+    except Exception as e:
+        if is_composition_error(e):
+            raise ConfigError(one_line(e)) from None
+        raise
+    cfgs = []
+    out_dir = None
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="train"):
         for i, combo in enumerate(combos[:MAX_PRECHECKED_JOBS]):
             where = f" (sweep job {' '.join(combo)})" if args.multirun else ""
             try:
                 cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=combo)
+                resolve_all(cfg)
                 validate(cfg, env_world_size())
+                check_launch(cfg, args.multirun, local=not any("submitit" in o for o in args.overrides))
+                _check_resume_path(cfg)
             except ConfigError as e:
                 raise ConfigError(f"{e}{where}") from None
-            except (HydraException, OmegaConfBaseException) as e:
-                raise ConfigError(f"{optimizer_key_error(e) or one_line(e)}{where}") from None
+            except Exception as e:
+                if not is_composition_error(e):
+                    raise
+                message = optimizer_key_error(e) or model_key_error(e) or one_line(e)
+                raise ConfigError(f"{message}{where}") from None
+            cfgs.append(cfg)
             if i == 0 and env_rank() == 0:
-                _check_output_dir(compose, args, combo)
+                out_dir = _output_dir(compose, args, combo)
+    return Plan(multirun=bool(args.multirun), cfg=cfgs[0], cfgs=cfgs, out_dir=out_dir)
 
 
-def _check_output_dir(compose, args, overrides: list[str]) -> None:
-    """The directory Hydra is about to create (hydra.run.dir, or hydra.sweep.dir with -m) can be made."""
+def _check_resume_path(cfg) -> None:
+    """train.resume=PATH holds a model of the config's architecture and shape: refused before Hydra
+    makes a run dir (the other resume checks need the run dir: mars.train.rundir.choose_start)."""
+    import mars.checkpoint as ckpt
+
+    resume = cfg.train.resume
+    if resume in (None, "", "none", "null", "auto"):
+        return
+    chosen = ckpt.resolve_checkpoint(Path(str(resume)).expanduser())
+    if chosen is None:
+        return  # choose_start says what train.resume should name
+    try:
+        ckpt.check_model_shape(chosen, cfg.model)
+    except ckpt.CheckpointError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _output_dir(compose, args, overrides: list[str]) -> Path | None:
+    """The directory Hydra is about to create (hydra.run.dir, or hydra.sweep.dir with -m): checked that
+    it can be made, and returned resolved (None when it uses an interpolation only Hydra can resolve)."""
     from mars.train.rundir import check_output_dir_writable
 
     cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=overrides, return_hydra_config=True)
     key = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
     node = cfg.hydra.sweep if args.multirun else cfg.hydra.run
     check_output_dir_writable(str(node._get_node("dir")._value()), key)
+    try:
+        text = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+    except Exception:  # noqa: BLE001 - e.g. ${hydra:...}, set by Hydra only once the job runs
+        return None
+    return Path(str(text)).expanduser().absolute() if text else None
 
 
 def _rank_local_overrides() -> list[str]:
@@ -180,9 +231,11 @@ def run(cfg: DictConfig) -> str:
     """The Hydra task: checks on rank 0, then DDP, then the Trainer. Returns the Trainer's status."""
     from hydra.core.hydra_config import HydraConfig
 
+    from mars.checkpoint import step_of
     from mars.data import ensure_prepared
-    from mars.train.distributed import adopt_slurm_env, broadcast_object, cleanup, init_distributed
-    from mars.train.rundir import choose_start
+    from mars.train import runlock
+    from mars.train.distributed import broadcast_object, cleanup, init_distributed
+    from mars.train.rundir import choose_start, flush_notes
     from mars.train.trainer import Trainer
 
     adopt_slurm_env()
@@ -195,40 +248,68 @@ def run(cfg: DictConfig) -> str:
     if not rank0:
         logging.getLogger().setLevel(logging.WARNING)
     run_dir, resume_from = None, None
-    if rank0:
-        run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
-        ensure_prepared(cfg.data)
-        resume_from = choose_start(cfg, run_dir, env_world_size())
-    info = init_distributed(
-        cfg.train.device,
-        cfg.train.backend,
-        need_group=cfg.train.parallel == "fsdp",
-        timeout_min=cfg.train.dist_timeout_min,
-    )
-    try:
-        run_dir, resume_from = broadcast_object((run_dir, resume_from))
+    with ExitStack() as stack:
         if rank0:
-            log.info(f"run dir: {run_dir}  (world size {info.world_size}, device {info.device})")
-        trainer = Trainer(cfg, run_dir, info, resume_from=resume_from)
-        if rank0:
-            n = trainer.raw_model.num_params(non_embedding=True)
-            log.info(
-                f"model {n / 1e6:.2f}M non-embedding params; optimizer {cfg.optimizer.name}"
-                f"{' (exact)' if trainer.exact else ''}; {trainer.global_batch_size} sequences x "
-                f"{cfg.model.block_size} tokens per step = {trainer.accum_steps} micro-steps of "
-                f"{cfg.train.batch_size} on each of {info.world_size} rank(s)"
-            )
-        return trainer.fit()
-    finally:
-        cleanup()
+            run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+            stack.enter_context(runlock.hold(run_dir))  # a no-op when main() holds it already
+            flush_notes()
+            ensure_prepared(cfg.data)
+            resume_from = choose_start(cfg, run_dir, env_world_size())
+        info = init_distributed(
+            cfg.train.device,
+            cfg.train.backend,
+            need_group=cfg.train.parallel == "fsdp",
+            timeout_min=cfg.train.dist_timeout_min,
+        )
+        try:
+            run_dir, resume_from = broadcast_object((run_dir, resume_from))
+            if resume_from is not None and step_of(resume_from) >= cfg.train.max_steps:
+                if rank0:
+                    log.info(
+                        f"nothing to train: {resume_from} is at step {step_of(resume_from)} = "
+                        f"train.max_steps, the run is complete (raise train.max_steps to train on)"
+                    )
+                return "completed"
+            if rank0:
+                log.info(f"run dir: {run_dir}  (world size {info.world_size}, device {info.device})")
+            trainer = Trainer(cfg, run_dir, info, resume_from=resume_from)
+            if rank0:
+                n = trainer.raw_model.num_params(non_embedding=True)
+                log.info(
+                    f"model {n / 1e6:.2f}M non-embedding params; optimizer {cfg.optimizer.name}"
+                    f"{' (exact)' if trainer.exact else ''}; {trainer.global_batch_size} sequences x "
+                    f"{cfg.model.block_size} tokens per step = {trainer.accum_steps} micro-steps of "
+                    f"{cfg.train.batch_size} on each of {info.world_size} rank(s)"
+                )
+            return trainer.fit()
+        finally:
+            cleanup()
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from mars.checkpoint import CheckpointError
     from mars.data.errors import DataError
+    from mars.train.runlock import RunDirBusyError
     from mars.train.trainer import TrainingDivergedError
 
-    return (ConfigError, DataError, CheckpointError, TrainingDivergedError)
+    return (ConfigError, DataError, CheckpointError, TrainingDivergedError, RunDirBusyError)
+
+
+def _interrupted_line() -> str:
+    """The line of a run stopped by a second Ctrl-C, with the command that continues it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mars.train.rundir import resume_command
+
+    text = (
+        "interrupted by Ctrl-C: stopped at once, without saving a checkpoint (a single Ctrl-C or SIGTERM "
+        "during training finishes the step and saves one)"
+    )
+    try:
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # noqa: BLE001 - Hydra's job had not started
+        return text
+    return f"{text}; the checkpoints in {run_dir} are intact: continue with {resume_command(run_dir)}"
 
 
 def _task(cfg: DictConfig) -> None:
@@ -240,24 +321,61 @@ def _task(cfg: DictConfig) -> None:
             return
         run(cfg)
     except _user_errors() as e:
-        _fail(str(e), 1)
+        _fail(str(e), EXIT_FAILED)
+    except KeyboardInterrupt:
+        _fail(_interrupted_line(), EXIT_INTERRUPTED, all_ranks=False)
+
+
+def _claim(plan: Plan | None, stack: ExitStack) -> None:
+    """On rank 0, before Hydra writes anything: check the dataset can be used (or prepared), hold the run
+    dir (or the sweep dir) and apply the run dir rules (mars.train.rundir.claim); add the resolved dir to
+    Hydra's overrides so that Hydra writes exactly where the lock is."""
+    from mars.data.prepare import check_ready
+    from mars.train import runlock
+    from mars.train.rundir import claim, claim_sweep
+
+    if plan is None or env_rank() != 0:
+        return
+    if not plan.multirun:
+        check_ready(plan.cfg.data)  # a missing or unwritable dataset: before anything is written
+    if plan.out_dir is None:
+        return
+    key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
+    stack.enter_context(runlock.hold(plan.out_dir, key))
+    if plan.multirun:
+        claim_sweep(plan.cfgs, plan.out_dir)
+    else:
+        claim(plan.cfg, plan.out_dir)
+    sys.argv.append(f"{key}={hydra_value(str(plan.out_dir))}")
 
 
 def main() -> None:
     """Console entry point (train.py and `mars-train`)."""
     import hydra
 
-    register_configs()
-    if not Path(config_dir(), f"{CONFIG_NAME}.yaml").is_file():
-        _fail(
-            f"no {CONFIG_NAME}.yaml in {config_dir()}: run from a source checkout (pip install -e .) "
-            "or point MARS_CONFIG_DIR at the repository's configs/ directory",
-            2,
-        )
     try:
-        precheck(sys.argv[1:])
-    except ConfigError as e:
-        _fail(str(e), 2, all_ranks=False)
-    if launched_distributed() and env_rank() != 0:
-        sys.argv.extend(_rank_local_overrides())
-    hydra.main(config_path=config_dir(), config_name=CONFIG_NAME, version_base="1.3")(_task)()
+        try:
+            register_configs()
+        except PluginError as e:
+            _fail(str(e), EXIT_USAGE)
+        adopt_slurm_env()  # `srun python train.py`: know this task's rank before choosing who writes
+        if not Path(config_dir(), f"{CONFIG_NAME}.yaml").is_file():
+            _fail(
+                f"no {CONFIG_NAME}.yaml in {config_dir()}: run from a source checkout (pip install -e .) "
+                "or point MARS_CONFIG_DIR at the repository's configs/ directory",
+                EXIT_USAGE,
+            )
+        try:
+            plan = precheck(sys.argv[1:])
+        except ConfigError as e:
+            _fail(str(e), EXIT_USAGE, all_ranks=False)
+        if launched_distributed() and env_rank() != 0:
+            sys.argv.extend(_rank_local_overrides())
+        with ExitStack() as stack:
+            try:
+                _claim(plan, stack)
+            except _user_errors() as e:
+                _fail(str(e), EXIT_FAILED)
+            hydra.main(config_path=config_dir(), config_name=CONFIG_NAME, version_base="1.3")(_task)()
+    except KeyboardInterrupt:
+        _fail("interrupted by Ctrl-C before training started; nothing was saved", EXIT_INTERRUPTED, False)

@@ -7,14 +7,16 @@ fails when Hydra composes the config, before any data is read or a process group
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from mars.checks import above, at_least, choice, fraction, get, reported_as
 from mars.data.config import DataConfig
-from mars.model.config import GPTConfig
 
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 GRAD_REDUCTIONS = ("mean", "sum")
@@ -109,7 +111,7 @@ class LaunchConfig:
 
 @dataclass
 class Config:
-    model: GPTConfig = field(default_factory=GPTConfig)
+    model: Any = MISSING  # the chosen architecture's config dataclass (mars.model.spec, model.arch)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: Any = MISSING  # the chosen optimizer's own config dataclass (mars.optim registry)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -120,73 +122,96 @@ class Config:
 
 
 SCHEMA_GROUP = "schema/optimizer"
+MODEL_SCHEMA_GROUP = "schema/model"
+
+
+def config_dir() -> str:
+    """The repository's configs/ (absolute, so `python train.py` and `mars-train` both find it), or
+    $MARS_CONFIG_DIR."""
+    env = os.environ.get("MARS_CONFIG_DIR")
+    if env:
+        return str(Path(env).resolve())
+    return str(Path(__file__).resolve().parents[2] / "configs")
 
 
 def register_configs() -> None:
-    """Store the schema as `base_config` (the first entry of configs/config.yaml's defaults), and each
-    registered optimizer's config dataclass as schema/optimizer/NAME, which configs/optimizer/NAME.yaml
-    extends: a key that optimizer does not take then fails when the config is composed."""
+    """Load the plugins (mars.plugins), then store the schema as `base_config` (the first entry of
+    configs/config.yaml's defaults), each registered optimizer's config dataclass as schema/optimizer/NAME,
+    which configs/optimizer/NAME.yaml extends, and each architecture's as schema/model/ARCH, which
+    configs/model/*.yaml extend: a key that optimizer or architecture does not take then fails when the
+    config is composed. An optimizer or architecture with no YAML file (one a plugin registered) is also
+    stored as the option optimizer=NAME / model=ARCH, with its config dataclass's defaults, and a data
+    source with none as data=NAME (the data defaults with data.name=NAME)."""
+    from mars.data.registry import store_config_options
+    from mars.model.spec import arch, arch_names
     from mars.optim import optimizer_names, registered
+    from mars.plugins import load_plugins
 
+    load_plugins()
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
+    configs = Path(config_dir())
+    presets = "\n".join(f.read_text(encoding="utf-8") for f in sorted(configs.glob("model/*.yaml")))
     for name in optimizer_names():
         store.store(group=SCHEMA_GROUP, name=name, node=registered(name).config)
+        if not (configs / "optimizer" / f"{name}.yaml").is_file():
+            store.store(group="optimizer", name=name, node=registered(name).config)
+    for name in arch_names():
+        store.store(group=MODEL_SCHEMA_GROUP, name=name, node=arch(name).config)
+        if f"{MODEL_SCHEMA_GROUP}/{name}@" not in presets:
+            store.store(group="model", name=name, node=arch(name).config)
+    store_config_options(configs)
 
 
-def _get(cfg: Any, dotted: str) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        node = node[part] if isinstance(node, dict) else getattr(node, part)
-    return node
-
-
-def _choice(cfg: Any, key: str, allowed: tuple[str, ...]) -> None:
-    value = _get(cfg, key)
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
-
-
-def _at_least(cfg: Any, key: str, minimum: float, what: str = "") -> None:
-    value = _get(cfg, key)
-    if value is None or value < minimum:
-        raise ConfigError(f"{key}={value} must be >= {minimum}{what}")
+# keys whose value must be a number at least this large, and keys with a fixed set of values
+_MINIMUMS = {
+    "train.max_steps": 1,
+    "train.log_interval": 1,
+    "train.eval_interval": 0,
+    "train.eval_steps": 0,
+    "train.ckpt_interval": 0,
+    "train.keep_last": 1,
+    "train.max_nonfinite_steps": 1,
+    "train.spike_factor": 0.0,
+    "train.spike_loss": 0.0,
+    "train.health_window": 1,
+    "train.grad_clip": 0.0,
+    "model.block_size": 1,
+    "schedule.warmup_steps": 0,
+    "schedule.min_lr": 0.0,
+    "downstream.interval": 0,
+    "launch.gpus_per_job": 0,
+}
+_CHOICES = {
+    "schedule.name": SCHEDULES,
+    "train.grad_reduction": GRAD_REDUCTIONS,
+    "train.dtype": DTYPES,
+    "logger.wandb.mode": WANDB_MODES,
+}
 
 
 def global_batch_size(cfg: Any, world_size: int) -> int:
-    gbs = _get(cfg, "train.global_batch_size")
-    return int(gbs) if gbs is not None else int(_get(cfg, "train.batch_size")) * world_size
+    gbs = get(cfg, "train.global_batch_size")
+    return int(gbs) if gbs is not None else int(get(cfg, "train.batch_size")) * world_size
 
 
 def validate(cfg: Any, world_size: int = 1) -> None:
     """Raise ConfigError on the first value that cannot work. Cheap: reads no files."""
-    _at_least(cfg, "train.batch_size", 1, " (sequences per device per micro-step)")
-    _at_least(cfg, "train.max_steps", 1)
-    _at_least(cfg, "train.log_interval", 1)
-    _at_least(cfg, "train.eval_interval", 0)
-    _at_least(cfg, "train.eval_steps", 0)
-    if (minutes := _get(cfg, "train.dist_timeout_min")) <= 0:
-        raise ConfigError(f"train.dist_timeout_min={minutes} must be > 0 (minutes)")
-    _at_least(cfg, "train.ckpt_interval", 0)
-    _at_least(cfg, "train.keep_last", 1)
-    _at_least(cfg, "train.max_nonfinite_steps", 1)
-    _at_least(cfg, "train.spike_factor", 0.0)
-    _at_least(cfg, "train.spike_loss", 0.0)
-    _at_least(cfg, "train.health_window", 1)
-    _at_least(cfg, "train.grad_clip", 0.0)
-    _at_least(cfg, "model.block_size", 1)
-    _at_least(cfg, "schedule.warmup_steps", 0)
-    _at_least(cfg, "schedule.min_lr", 0.0)
-    _at_least(cfg, "downstream.interval", 0)
-    _at_least(cfg, "launch.gpus_per_job", 0)
-    if _get(cfg, "train.cpu_threads") is not None:
-        _at_least(cfg, "train.cpu_threads", 1)
-    _choice(cfg, "schedule.name", SCHEDULES)
-    _choice(cfg, "train.grad_reduction", GRAD_REDUCTIONS)
-    _choice(cfg, "train.dtype", DTYPES)
-    _choice(cfg, "logger.wandb.mode", WANDB_MODES)
+    with reported_as(ConfigError):
+        _validate(cfg, world_size)
 
-    micro = int(_get(cfg, "train.batch_size"))
+
+def _validate(cfg: Any, world_size: int) -> None:
+    at_least("train.batch_size", get(cfg, "train.batch_size"), 1, " (sequences per device per micro-step)")
+    for key, minimum in _MINIMUMS.items():
+        at_least(key, get(cfg, key), minimum)
+    above("train.dist_timeout_min", get(cfg, "train.dist_timeout_min"), 0, " (minutes)")
+    if get(cfg, "train.cpu_threads") is not None:
+        at_least("train.cpu_threads", get(cfg, "train.cpu_threads"), 1)
+    for key, allowed in _CHOICES.items():
+        choice(key, get(cfg, key), allowed)
+
+    micro = int(get(cfg, "train.batch_size"))
     gbs = global_batch_size(cfg, world_size)
     if gbs < 1 or gbs % (micro * world_size) != 0:
         raise ConfigError(
@@ -194,39 +219,91 @@ def validate(cfg: Any, world_size: int = 1) -> None:
             f"{micro} x {world_size} = {micro * world_size}; pick a batch_size that divides "
             f"{gbs // world_size if gbs % world_size == 0 else gbs} per device"
         )
-    lr = float(_get(cfg, "optimizer.lr"))
-    if lr <= 0:
-        raise ConfigError(f"optimizer.lr={lr} must be > 0")
-    if float(_get(cfg, "schedule.min_lr")) > lr:
+    lr = float(get(cfg, "optimizer.lr"))
+    above("optimizer.lr", lr)
+    if float(get(cfg, "schedule.min_lr")) > lr:
         raise ConfigError(
-            f"schedule.min_lr={_get(cfg, 'schedule.min_lr')} is above optimizer.lr={lr}; "
+            f"schedule.min_lr={get(cfg, 'schedule.min_lr')} is above optimizer.lr={lr}; "
             "min_lr is an absolute learning rate"
         )
-    decay = _get(cfg, "schedule.decay_steps")
-    if decay is not None and decay <= _get(cfg, "schedule.warmup_steps"):
-        raise ConfigError(f"schedule.decay_steps={decay} must be larger than schedule.warmup_steps")
-    frac = float(_get(cfg, "schedule.decay_fraction"))
-    if not 0.0 <= frac <= 1.0:
-        raise ConfigError(f"schedule.decay_fraction={frac} must lie in [0, 1]")
-    n_embd, n_head = int(_get(cfg, "model.n_embd")), int(_get(cfg, "model.n_head"))
-    if n_head < 1 or n_embd % n_head != 0:
-        raise ConfigError(f"model.n_embd={n_embd} must be a multiple of model.n_head={n_head}")
+    decay = get(cfg, "schedule.decay_steps")
+    warmup, max_steps = int(get(cfg, "schedule.warmup_steps")), int(get(cfg, "train.max_steps"))
+    if decay is not None and decay <= warmup:
+        raise ConfigError(f"schedule.decay_steps={decay} must be larger than schedule.warmup_steps={warmup}")
+    if warmup > max_steps:
+        raise ConfigError(
+            f"schedule.warmup_steps={warmup} is longer than the run (train.max_steps={max_steps}): the "
+            f"learning rate would never reach optimizer.lr; lower schedule.warmup_steps to at most "
+            f"{max_steps} (e.g. {max(0, max_steps // 10)}), or raise train.max_steps"
+        )
+    fraction("schedule.decay_fraction", float(get(cfg, "schedule.decay_fraction")), closed=True)
     _check_model(cfg)
+    _check_data(cfg)
+    _check_tokenizer(cfg)
     _check_optimizer(cfg)
-    _check_device(str(_get(cfg, "train.device")))
+    _check_device(str(get(cfg, "train.device")))
     _check_parallel(cfg, world_size)
-    if _get(cfg, "downstream.interval") > 0 and not _get(cfg, "downstream.tasks"):
+    if get(cfg, "downstream.interval") > 0 and not get(cfg, "downstream.tasks"):
         raise ConfigError(
             "downstream.interval > 0 needs downstream.tasks (e.g. downstream.tasks=[hellaswag])"
         )
 
 
 def _check_model(cfg: Any) -> None:
-    for key in ("model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size"):
-        _at_least(cfg, key, 1)
-    dropout = float(_get(cfg, "model.dropout"))
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"model.dropout={dropout} must lie in [0, 1)")
+    """model.arch names a registered architecture whose schema the preset extends, and the values build
+    one (the architecture's own checks: mars.model.spec; their ValueErrors leave validate as ConfigError)."""
+    from omegaconf import OmegaConf
+
+    from mars.model.spec import arch, arch_names, validate_model
+
+    node = get(cfg, "model")
+    name = get(cfg, "model.arch")
+    spec = arch(name)
+    schema = OmegaConf.get_type(node) if OmegaConf.is_config(node) else type(node)
+    if schema not in (dict, spec.config):
+        preset = next((n for n in arch_names() if arch(n).config is schema), "another")
+        raise ConfigError(
+            f"model.arch={name}, but the model preset is a model.arch={preset} one: choose a {name} preset "
+            f"(model={name}_...) instead of overriding model.arch"
+        )
+    validate_model(node)
+
+
+def _check_tokenizer(cfg: Any) -> None:
+    """data.tokenizer loads, and model.vocab_size holds its vocabulary (GPT-2's: 50257 tokens)."""
+    from mars.data.tokenizer import TokenizerError, tokenizer_info
+
+    name = str(get(cfg, "data.tokenizer"))
+    try:
+        info = tokenizer_info(name)
+    except TokenizerError as e:
+        raise ConfigError(str(e)) from None
+    vocab = int(get(cfg, "model.vocab_size"))
+    if vocab < info.vocab_size:
+        padded = -(-info.vocab_size // 64) * 64
+        raise ConfigError(
+            f"model.vocab_size={vocab} is smaller than the vocabulary of data.tokenizer={name} "
+            f"({info.vocab_size} tokens); set model.vocab_size={padded} (padded to a multiple of 64)"
+        )
+
+
+def _check_data(cfg: Any) -> None:
+    from mars.data.config import check_values
+    from mars.data.errors import DataConfigError
+
+    node = get(cfg, "data")
+    try:
+        check_values(node)
+    except DataConfigError as e:
+        raise ConfigError(str(e)) from None
+    val, eval_steps = int(get(cfg, "data.val_tokens")), int(get(cfg, "train.eval_steps"))
+    window = int(get(cfg, "model.block_size")) + 1
+    if eval_steps > 0 and val < window:
+        raise ConfigError(
+            f"data.val_tokens={val} holds no validation window of model.block_size + 1 = {window} tokens, "
+            f"but train.eval_steps={eval_steps} asks for validation; raise data.val_tokens (the data "
+            "configs use 20000 and more), or set train.eval_steps=0 to train without validation"
+        )
 
 
 def _check_device(device: str) -> None:
@@ -249,10 +326,9 @@ def _check_device(device: str) -> None:
 
 def _check_parallel(cfg: Any, world_size: int) -> None:
     """Layouts that cannot run are refused in one line each, before any process group exists."""
-    parallel, replicate = _get(cfg, "train.parallel"), int(_get(cfg, "train.fsdp_replicate"))
-    _choice(cfg, "train.parallel", PARALLEL_MODES)
-    if replicate < 1:
-        raise ConfigError(f"train.fsdp_replicate={replicate} must be >= 1")
+    parallel, replicate = get(cfg, "train.parallel"), int(get(cfg, "train.fsdp_replicate"))
+    choice("train.parallel", parallel, PARALLEL_MODES)
+    at_least("train.fsdp_replicate", replicate, 1)
     if parallel != "fsdp":
         if replicate != 1:
             raise ConfigError("train.fsdp_replicate applies to train.parallel=fsdp only; drop it or use fsdp")
@@ -262,8 +338,8 @@ def _check_parallel(cfg: Any, world_size: int) -> None:
             f"train.fsdp_replicate={replicate} does not divide the world size {world_size}: the mesh is "
             f"replicas x shards; choose a divisor of {world_size}"
         )
-    backend = _get(cfg, "train.backend")
-    device = str(_get(cfg, "train.device"))
+    backend = get(cfg, "train.backend")
+    device = str(get(cfg, "train.device"))
     if backend is not None:
         import torch
 
@@ -282,14 +358,14 @@ def _check_optimizer(cfg: Any) -> None:
 
     from mars.optim import make_config
 
-    node = _get(cfg, "optimizer")
+    node = get(cfg, "optimizer")
     try:
         opt = make_config(OmegaConf.to_object(node) if OmegaConf.is_config(node) else node)
         opt.validate()
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
     schedule = getattr(opt, "gamma_schedule", None)
-    max_steps = int(_get(cfg, "train.max_steps"))
+    max_steps = int(get(cfg, "train.max_steps"))
     if schedule is not None and schedule.name != "constant" and schedule.decay_steps is None:
         if max_steps <= schedule.warmup_steps:
             raise ConfigError(

@@ -1,29 +1,64 @@
 """Where training metrics go: RUN_DIR/metrics.jsonl, Weights & Biases, and a tqdm bar (rank 0 only).
 
 metrics.jsonl holds one JSON object per line; every line has "step" and "tokens" (CLI.md).
-Training lines add "train/loss", "lr", "grad_norm", ...; evaluation lines add "val/loss".
+Training lines add "train/loss", "lr", "grad_norm", ...; evaluation lines add "val/loss". Its format
+(reading, the JSON encoding of values) lives in mars.metrics_jsonl, shared with mars.analysis.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mars.files import write_atomic
+from mars.metrics_jsonl import METRICS_FILE, encode_line, jsonable, read_metrics
+
+__all__ = [
+    "METRICS_FILE",
+    "Metrics",
+    "MetricsFile",
+    "Progress",
+    "WandbLogger",
+    "logged_metrics",
+    "read_metrics",
+    "register_metric",
+    "wandb_mode",
+]
+
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
+# name -> fn(model, optimizer): the metrics a researcher adds to every training log line
+_REGISTERED: dict[str, Callable[[Any, Any], Any]] = {}
 
 
-def _jsonable(v: Any) -> Any:
-    if hasattr(v, "item"):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)  # JSON has no NaN / inf
-    return v
+def register_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
+    """Log ``fn(model, optimizer)`` on every training line of metrics.jsonl (and wandb) as ``name``; a
+    dict it returns is logged as ``name/KEY`` per entry. ``model`` is the bare model (no DDP / compile
+    wrapper; FSDP2 parameters are DTensors), ``optimizer`` the run's optimizer, both after the step of
+    the log line. It runs on every rank at log steps (so it may use collectives), and rank 0's values
+    are written; each value is read to the host there, so keep it cheap. Report, plots and the sweep
+    summary then take the key with --metric (its direction: mars.analysis.metric). Registering a name
+    again replaces the function."""
+    if not name or name != name.strip() or name.startswith("/") or name.endswith("/"):
+        raise ValueError(f"register_metric: {name!r} is not a metrics.jsonl key (e.g. 'weights/norm')")
+    _REGISTERED[name] = fn
+
+
+def logged_metrics(model, optimizer) -> dict[str, float]:
+    """The registered metrics' values now, as floats, in registration order (computed without autograd)."""
+    import torch
+
+    out: dict[str, float] = {}
+    for name, fn in _REGISTERED.items():
+        with torch.no_grad():
+            value = fn(model, optimizer)
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, v in items:
+            out[name if key is None else f"{name}/{key}"] = float(v.item() if hasattr(v, "item") else v)
+    return out
 
 
 class MetricsFile:
@@ -37,40 +72,20 @@ class MetricsFile:
         """On resume: drop lines logged after the checkpoint we continue from (they will be redone)."""
         if not self.path.exists():
             return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-        self.path.write_text("".join(k + "\n" for k in kept))
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]  # a torn last line goes too
+        write_atomic(self.path, "".join(encode_line(r) for r in kept))  # a crash here keeps the old file
 
     def write(self, record: dict) -> None:
         if self._f is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "a")
-        self._f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self._f.write(encode_line(record))
         self._f.flush()
 
     def close(self) -> None:
         if self._f is not None:
             self._f.close()
             self._f = None
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """Records of a metrics.jsonl (or of RUN_DIR/metrics.jsonl), skipping a truncated last line."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / METRICS_FILE
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def wandb_mode(requested: str) -> str:
@@ -119,7 +134,7 @@ class WandbLogger:
 
     def log(self, record: dict) -> None:
         if self.run is not None:
-            data = {k: _jsonable(v) for k, v in record.items() if k != "step"}
+            data = {k: jsonable(v) for k, v in record.items() if k != "step"}
             self.run.log(data, step=int(record["step"]))
 
     def finish(self) -> None:

@@ -1,7 +1,8 @@
 """What a resumed run may change, and applying the new config to restored optimizer state.
 
-The rule (README, "Reliability"):
-  * fixed on resume: what defines the run and its saved state: the model's shape, the optimizer and
+The rule (docs/reliability.md):
+  * fixed on resume: what defines the run and its saved state: the model's architecture and shape (its
+    spec's shape_keys and fixed_keys, mars.model.spec), the optimizer and
     the layout of its state (name, approx, lean, optimize_1d, two_dim_rule), the data (source,
     directory, files, sampling), the global batch size and the seeds (train.seed, train.data_seed).
     A resume that changes any of them is refused with the list of differences;
@@ -20,13 +21,6 @@ from omegaconf import OmegaConf
 from mars.checkpoint import CheckpointMismatchError
 
 FIXED_KEYS = (
-    "model.n_layer",
-    "model.n_head",
-    "model.n_embd",
-    "model.block_size",
-    "model.vocab_size",
-    "model.bias",
-    "model.scale_attn_by_inverse_layer_idx",
     "optimizer.name",
     "optimizer.approx",
     "optimizer.lean",
@@ -46,8 +40,26 @@ FIXED_KEYS = (
     "train.global_batch_size",
     "train.seed",
     "train.data_seed",
-)
+)  # and the model's: model_fixed_keys
 _MISSING = object()
+
+
+def model_fixed_keys(flat: dict[str, Any]) -> tuple[str, ...]:
+    """model.arch and the keys its spec fixes (shape_keys + fixed_keys), for the config `flat` holds."""
+    from mars.model.spec import DEFAULT_ARCH, arch
+
+    spec = arch(flat.get("model.arch") or DEFAULT_ARCH)
+    return ("model.arch", *(f"model.{k}" for k in (*spec.shape_keys, *spec.fixed_keys)))
+
+
+def _legacy_model_values(name: Any) -> dict[str, Any]:
+    """What a saved run config that lacks a model key of its architecture trained with (mars.model.spec)."""
+    from mars.model.spec import arch
+
+    try:
+        return dict(arch(name).legacy_values)
+    except ValueError:  # an unknown architecture: check_resume_config names it
+        return {}
 
 
 def _flat(cfg: Any) -> dict[str, Any]:
@@ -80,8 +92,11 @@ def fixed_differences(saved: dict, new: Any, saved_world_size: int | None, world
     """`key: saved -> new` for every fixed key that differs (keys an older checkpoint lacks are skipped)."""
     old = _effective(_flat(saved), saved_world_size)
     cur = _effective(_flat(new), world_size)
+    old.setdefault("model.arch", "gpt2")  # a run config written before there were two architectures
+    for key, value in _legacy_model_values(old["model.arch"]).items():
+        old.setdefault(f"model.{key}", value)  # the saved run predates the key: it trained with this value
     diffs = []
-    for key in FIXED_KEYS:
+    for key in (*model_fixed_keys(cur), *FIXED_KEYS):
         a, b = old.get(key, _MISSING), cur.get(key, _MISSING)
         if a is _MISSING or b is _MISSING:
             continue
@@ -96,12 +111,19 @@ def check_resume_config(
     step_dir, saved: dict, new: Any, saved_world_size: int | None, world_size: int
 ) -> None:
     """Refuse to continue `step_dir` under a config that changes what the run is."""
+    theirs, ours = (_flat(c).get("model.arch") or "gpt2" for c in (saved, new))
+    if theirs != ours:
+        raise CheckpointMismatchError(
+            f"cannot resume {step_dir} with this config: it holds a model.arch={theirs} model, the config "
+            f"asks for model.arch={ours}; resume it with a model={theirs}_* preset, or start a new run dir"
+        )
     diffs = fixed_differences(saved, new, saved_world_size, world_size)
     if diffs:
         raise CheckpointMismatchError(
             f"cannot resume {step_dir} with this config: {'; '.join(diffs)} (these keys are fixed for a "
-            "run: model shape, optimizer and its state layout, data, global batch, seeds); resume with the "
-            "checkpoint's values, or start a new run (another hydra.run.dir) from its weights"
+            "run: model architecture and shape, optimizer and its state layout, data, global batch, "
+            "seeds); resume with the checkpoint's values, or start a new run (another hydra.run.dir) "
+            "from its weights"
         )
 
 

@@ -1,26 +1,37 @@
-"""The run directory before training starts: what it holds, and where this run begins.
+"""The run directory before training starts: who owns it, what it holds, and where this run begins.
 
 Rules (checked on rank 0 before any data is read or a process group exists):
+  * a run holds its run dir for its lifetime (mars.train.runlock): a second run started in it, a
+    `train.resume=auto` of it while it is live, is refused in one line naming the process that holds it;
   * a new run (no train.resume) refuses a run dir that already holds a run (checkpoints or
-    metrics.jsonl): resume it, or choose another hydra.run.dir; train.overwrite=true moves the old
-    run aside into RUN_DIR/replaced-<time>/ instead (nothing is deleted, nothing is mixed);
-  * train.resume=auto continues the newest usable checkpoint of the run dir; a newest checkpoint that
-    fails verification (truncated, corrupt, non-finite weights) is moved aside and the next older one
-    is used, and the log says so; with no checkpoint at all the run starts fresh (a metrics.jsonl of
-    a run that never reached a checkpoint is moved aside);
+    metrics.jsonl): resume it, or choose another hydra.run.dir; train.overwrite=true moves the old run
+    (with its .hydra/ and train.log) aside into RUN_DIR/replaced-<time>/ instead (nothing is deleted,
+    nothing is mixed). Both happen before Hydra writes into the run dir (`claim`; for the job dirs of
+    a -m sweep, `claim_sweep`);
+  * train.resume=auto continues the newest usable, healthy checkpoint of the run dir: a newer one that
+    fails verification (truncated, corrupt, a checksum mismatch, non-finite weights) or that meta.json
+    marks unhealthy (saved just after a divergence alarm) is moved aside, and the log says which one it
+    continues; with no checkpoint at all the run starts fresh (a metrics.jsonl of a run that never
+    reached a checkpoint is moved aside); when every checkpoint is unhealthy it refuses and names them;
   * train.resume=PATH continues exactly that checkpoint (no fallback); checkpoints of this run dir
     newer than it are moved aside, so that later saves and resume=auto never mix the two histories;
+  * a checkpoint beyond train.max_steps is refused; one at train.max_steps has nothing left to train;
   * in every resume, the config may only change what mars.train.resume allows.
+Every check comes before anything is moved.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
+import sys
 import tempfile
 from pathlib import Path
 
 import mars.checkpoint as ckpt
+from mars.entry import hydra_value
+from mars.files import nearest_existing, try_create_dir_in
 from mars.train.config import ConfigError
 from mars.train.metrics import METRICS_FILE
 from mars.train.resume import check_resume_config
@@ -28,6 +39,16 @@ from mars.train.resume import check_resume_config
 log = logging.getLogger("mars.train")
 
 ARTIFACTS = (ckpt.CKPT_DIR, METRICS_FILE, "wandb")
+HYDRA_FILES = (".hydra", "train.log")  # what Hydra writes into a run dir (job name "train")
+NO_RESUME = (None, "", "none", "null")
+
+_notes: list[str] = []  # said before Hydra's logging exists; logged by flush_notes()
+
+
+def flush_notes() -> None:
+    for note in _notes:
+        log.info(note)
+    _notes.clear()
 
 
 def check_writable(run_dir: Path) -> None:
@@ -54,23 +75,61 @@ def holds_a_run(run_dir: Path) -> list[str]:
     return found
 
 
-def _move_aside(run_dir: Path, paths: list[Path], why: str) -> None:
+def _move_aside(run_dir: Path, paths: list[Path], why: str) -> str | None:
     dest = ckpt.move_aside(run_dir, paths)
-    if dest is not None:
-        log.info(f"{why}: moved {', '.join(p.name for p in paths if not p.exists())} to {dest}")
+    if dest is None:
+        return None
+    note = f"{why}: moved {', '.join(p.name for p in paths if not p.exists())} to {dest}"
+    log.info(note)
+    return note
 
 
-def _fresh_start(run_dir: Path, overwrite: bool) -> None:
+def _refuse_or_overwrite(run_dir: Path, overwrite: bool) -> bool:
+    """True when run_dir holds a run that train.overwrite=true lets this run move aside."""
     earlier = holds_a_run(run_dir)
     if not earlier:
-        return
+        return False
     if not overwrite:
         raise ConfigError(
             f"run dir {run_dir} already holds a run ({', '.join(earlier)}): continue it with "
             f"train.resume=auto, or choose another hydra.run.dir (train.overwrite=true moves the old run "
             "aside and starts a new one)"
         )
-    _move_aside(run_dir, [run_dir / a for a in ARTIFACTS], "train.overwrite=true")
+    return True
+
+
+def claim(cfg, run_dir: Path) -> None:
+    """Before Hydra writes into run_dir (rank 0, its lock held): a new run in a run dir that holds one is
+    refused, or (train.overwrite=true) the old run is moved aside together with Hydra's files."""
+    t = cfg.train
+    if t.resume not in NO_RESUME or not _refuse_or_overwrite(run_dir, t.overwrite):
+        return
+    dest = ckpt.move_aside(run_dir, [run_dir / a for a in (*ARTIFACTS, *HYDRA_FILES)])
+    if dest is not None:
+        _notes.append(f"train.overwrite=true: moved the earlier run to {dest}")
+
+
+def claim_sweep(cfgs: list, sweep_dir: Path) -> None:
+    """`claim` for a -m sweep, before Hydra writes its job dirs: job dirs of an earlier sweep that hold
+    runs are refused when a job would start fresh there, or moved aside when every job overwrites."""
+    runs = [d for d in sorted(sweep_dir.iterdir()) if d.is_dir() and holds_a_run(d)]
+    fresh = [c for c in cfgs if c.train.resume in NO_RESUME]
+    if not runs or not fresh:
+        return  # nothing there yet, or every job resumes its own run dir
+    if any(not c.train.overwrite for c in fresh):
+        names = ", ".join(f"{d.name}/" for d in runs[:5]) + (" ..." if len(runs) > 5 else "")
+        raise ConfigError(
+            f"hydra.sweep.dir={sweep_dir} already holds runs ({names}): continue the sweep with "
+            "train.resume=auto, or choose another hydra.sweep.dir (train.overwrite=true moves each old run "
+            "aside)"
+        )
+    for run_dir in runs:
+        claim(fresh[0], run_dir)
+
+
+def _fresh_start(run_dir: Path, overwrite: bool) -> None:
+    if _refuse_or_overwrite(run_dir, overwrite):
+        _move_aside(run_dir, [run_dir / a for a in ARTIFACTS], "train.overwrite=true")
 
 
 def _usable(step_dir: Path) -> str | None:
@@ -89,28 +148,54 @@ def _newer_than(run_dir: Path, step_dir: Path) -> list[Path]:
     return [p for p in ckpt.list_checkpoints(root) if p.name > step_dir.name]
 
 
+def _auto(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]], list[Path]]:
+    """resume=auto's choice: (newest usable healthy checkpoint, unusable ones with the reason, unhealthy
+    ones), looking from the newest down. Nothing is moved here."""
+    chosen, rejected, unhealthy = None, [], []
+    for step_dir in reversed(ckpt.list_checkpoints(run_dir / ckpt.CKPT_DIR)):
+        try:
+            healthy = bool(ckpt.read_meta(step_dir).get("healthy", True))
+        except ckpt.CheckpointError as e:
+            rejected.append((step_dir, str(e)))
+            continue
+        if not healthy:
+            unhealthy.append(step_dir)
+            continue
+        reason = _usable(step_dir)
+        if reason is None:
+            chosen = step_dir
+            break
+        rejected.append((step_dir, reason))
+    return chosen, rejected, unhealthy
+
+
 def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
     """The checkpoint this run continues (None: a fresh start), after every check; see the module doc."""
     t = cfg.train
     check_writable(run_dir)
     resume = t.resume
-    if resume in (None, "", "none", "null"):
+    if resume in NO_RESUME:
         _fresh_start(run_dir, t.overwrite)
         return None
+    here = (run_dir / ckpt.CKPT_DIR).resolve()
+    skipped: list[str] = []  # log lines of resume=auto, said once every check has passed
     if resume == "auto":
-        found = ckpt.list_checkpoints(run_dir / ckpt.CKPT_DIR)
-        chosen, rejected = None, []
-        for step_dir in reversed(found):
-            reason = _usable(step_dir)
-            if reason is None:
-                chosen = step_dir
-                break
-            rejected.append((step_dir, reason))
-        for step_dir, reason in rejected:
-            log.warning(f"train.resume=auto: skipping {step_dir}: {reason}")
-        if rejected:
-            _move_aside(run_dir, [p for p, _ in rejected], "unusable checkpoints")
+        chosen, rejected, unhealthy = _auto(run_dir)
+        if chosen is None and unhealthy:
+            names = ", ".join(p.name for p in unhealthy)
+            raise ckpt.CheckpointError(
+                f"train.resume=auto: every usable checkpoint in {here} is marked unhealthy (saved within "
+                f"train.health_window steps of a divergence alarm: {names}); continue one anyway with "
+                f"train.resume={unhealthy[0]}, or start again with train.overwrite=true"
+            )
+        skipped = [f"train.resume=auto: skipping {p}: {reason}" for p, reason in rejected] + [
+            f"train.resume=auto: skipping {p}: marked unhealthy in its meta.json (saved within "
+            "train.health_window steps of a divergence alarm)"
+            for p in unhealthy
+        ]
         if chosen is None:
+            for line in skipped:
+                log.warning(line)
             note = "no usable checkpoint" if rejected else "no checkpoint"
             log.info(
                 f"train.resume=auto: {note} in {run_dir / ckpt.CKPT_DIR}, starting from scratch "
@@ -118,8 +203,7 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
             )
             _move_aside(run_dir, [run_dir / a for a in ARTIFACTS], "starting from scratch")
             return None
-        if rejected:
-            log.warning(f"train.resume=auto: continuing from {chosen} instead")
+        aside = sorted([p for p, _ in rejected] + unhealthy)
     else:
         chosen = ckpt.resolve_checkpoint(Path(resume).expanduser())
         if chosen is None:
@@ -128,36 +212,103 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
                 "or a ckpt/step_XXXXXXXX folder (or train.resume=auto)"
             )
         ckpt.verify_checkpoint(chosen)
-        newer = _newer_than(run_dir, chosen)
-        if newer:
-            _move_aside(run_dir, newer, f"resuming from {chosen.name}")
-        elif chosen.resolve().parent != (run_dir / ckpt.CKPT_DIR).resolve():
-            _fresh_start(run_dir, t.overwrite)  # continuing another run's checkpoint in this run dir
+        aside = _newer_than(run_dir, chosen)
+        if chosen.resolve().parent != here:
+            _refuse_or_overwrite(run_dir, t.overwrite)  # continuing another run's checkpoint in this run dir
     meta = ckpt.read_meta(chosen)
     check_resume_config(chosen, ckpt.read_run_config(chosen), cfg, meta.get("world_size"), world_size)
     ckpt.check_model_shape(chosen, cfg.model)
+    if meta["step"] > t.max_steps:
+        raise ckpt.CheckpointMismatchError(
+            f"train.max_steps={t.max_steps} is below the step of {chosen} ({meta['step']}): the run is "
+            f"already past it; raise train.max_steps above {meta['step']} to train on from it, or "
+            "evaluate or export it as it is"
+        )
+    # every check passed: only now is anything moved
+    for line in skipped:
+        log.warning(line)
+    if aside:
+        _move_aside(run_dir, aside, f"continuing from {chosen.name}")
+    elif chosen.resolve().parent != here:
+        _fresh_start(run_dir, t.overwrite)
+    if resume == "auto":
+        log.info(f"train.resume=auto: continuing from {chosen} (step {meta['step']})")
+    elif not meta.get("healthy", True):
+        log.warning(
+            f"{chosen} is marked unhealthy (saved just after a divergence alarm); continuing it as asked"
+        )
     return chosen
 
 
-def nearest_existing(path: Path) -> Path:
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
 def check_output_dir_writable(path_text: str, key: str) -> None:
-    """Before Hydra creates the run dir: a directory can be made where it goes (tried, then removed,
-    since permission bits say nothing for root or a read-only mount)."""
+    """Before Hydra creates the run dir: a directory can be made where it goes (tried: try_create_dir_in)."""
     literal = path_text.split("${", 1)[0] or "."
     target = Path(literal).expanduser()
     base = nearest_existing(target if target.is_absolute() else Path.cwd() / target)
-    if not base.is_dir():
-        raise ConfigError(f"{key}={path_text}: {base} is a file, not a directory; choose another {key}")
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".mars-write-test-", dir=base))
+        try_create_dir_in(base)
+    except NotADirectoryError:
+        message = f"{key}={path_text}: {base} is a file, not a directory; choose another {key}"
+        raise ConfigError(message) from None
     except OSError as e:
         raise ConfigError(
             f"{key}={path_text}: cannot create directories in {base} ({e.strerror or e}); "
             f"choose another {key}"
         ) from None
+
+
+# ----------------------------------------------------------------------------- the command that continues
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def recorded_overrides(run_dir: Path) -> list[str]:
+    """The command-line overrides of the run in run_dir, as Hydra recorded them (.hydra/overrides.yaml)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((Path(run_dir) / ".hydra" / "overrides.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return []
+    return [str(o) for o in data] if isinstance(data, list) else []
+
+
+def _launcher(world_size: int) -> list[str]:
+    """How this process was started, as the start of a command line (`python train.py`, torchrun ...)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    module = name == "__main__.py" and Path(argv0).parent.name == "train"
+    if module:
+        target = ["-m", "mars.train"]
+    elif name.endswith(".py") and name != "__main__.py":
+        target = [argv0]
+    else:
+        target = ["train.py"]
+    if world_size > 1:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        nodes = [f"--nnodes={world_size // local}"] if local != world_size else []
+        return ["torchrun", *nodes, f"--nproc_per_node={local}", *target]
+    if name == "mars-train":
+        return ["mars-train"]
+    return ["python", *target]
+
+
+def resume_command(
+    run_dir: str | os.PathLike, world_size: int | None = None, resume: str | None = "auto", **changes
+) -> str:
+    """The command line that continues the run in run_dir: this run's own overrides (from .hydra/),
+    train.resume=`resume` (None: none), `changes` (dotted keys as `optimizer__lr`), hydra.run.dir."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    updates = {"train.resume": resume} if resume is not None else {}
+    updates.update({k.replace("__", "."): v for k, v in changes.items()})
+    updates["hydra.run.dir"] = str(Path(run_dir).absolute())
+    drop = {*updates, "train.resume", "train.overwrite"}
+    kept = [
+        o
+        for o in recorded_overrides(Path(run_dir))
+        if _override_key(o) not in drop and not _override_key(o).startswith("launch.")
+    ]
+    args = kept + [f"{k}={hydra_value(v)}" for k, v in updates.items()]
+    return " ".join([*_launcher(world_size), *(shlex.quote(a) for a in args)])

@@ -4,21 +4,26 @@ LRSchedule: learning-rate schedules as a multiplier on the optimizer's base lear
 
 The trainer applies `LRSchedule(step)` through mars.optim.set_lr_factor, which scales every
 learning-rate-like entry (lr, lr_1d) from its initial value, so lr_1d / lr stays fixed as in
-the reference. `step` is the 0-based index of the optimizer update about to be made.
+the reference. `step` is the 0-based index of the optimizer update about to be made, the reference
+loop's `iter_num` (docs/algorithms.md section 6.5).
 """
 
 from __future__ import annotations
 
 import math
 
+from mars.checks import choice, fraction, reported_as
 from mars.train.config import SCHEDULES, ConfigError
 
 
 class LRSchedule:
     """Linear warmup over `warmup_steps`, then cosine | linear | wsd | constant down to `min_factor`.
 
-    The decay ends at `decay_steps` (and stays at min_factor after it). wsd (warmup-stable-decay)
-    holds the peak until the last `decay_fraction` of decay_steps, then decays linearly.
+    Warmup, as in the reference loop: factor step / warmup_steps for 0 <= step < warmup_steps, so
+    step 0 runs at lr 0 (it still updates the optimizer's moments and buffers) and the peak is
+    reached at step warmup_steps. The decay ends at `decay_steps` (and stays at min_factor after
+    it). wsd (warmup-stable-decay) holds the peak until the last `decay_fraction` of decay_steps,
+    then decays linearly.
     """
 
     def __init__(
@@ -29,10 +34,9 @@ class LRSchedule:
         min_factor: float = 0.0,
         decay_fraction: float = 0.2,
     ):
-        if name not in SCHEDULES:
-            raise ConfigError(f"schedule.name={name!r} is not one of {', '.join(SCHEDULES)}")
-        if not 0.0 <= min_factor <= 1.0:
-            raise ConfigError(f"schedule.min_lr / optimizer.lr = {min_factor} must lie in [0, 1]")
+        with reported_as(ConfigError):
+            choice("schedule.name", name, SCHEDULES)
+            fraction("schedule.min_lr / optimizer.lr", min_factor, closed=True)
         self.name = name
         self.warmup_steps = int(warmup_steps)
         self.decay_steps = max(int(decay_steps), self.warmup_steps + 1)
@@ -53,7 +57,7 @@ class LRSchedule:
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
+            return step / self.warmup_steps
         if self.name == "constant":
             return 1.0
         m = self.min_factor

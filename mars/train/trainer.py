@@ -32,8 +32,9 @@ import mars.checkpoint as ckpt
 from mars.train.config import Config, global_batch_size
 from mars.train.distributed import DistInfo, all_reduce_sum, barrier
 from mars.train.health import HealthMonitor
-from mars.train.metrics import Metrics, MetricsFile, Progress
+from mars.train.metrics import Metrics, MetricsFile, Progress, logged_metrics
 from mars.train.resume import load_optimizer_state
+from mars.train.rundir import resume_command
 from mars.train.schedule import GammaSchedule, LRSchedule
 
 log = logging.getLogger(__name__)
@@ -63,50 +64,60 @@ def _to_config(cfg) -> Config:
     raise TypeError(f"expected a DictConfig or mars.train.config.Config, got {type(cfg).__name__}")
 
 
-def _config_yaml(cfg) -> str:
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
-    return OmegaConf.to_yaml(node, resolve=True)
-
-
-def _config_dict(cfg) -> dict:
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
-    return OmegaConf.to_container(node, resolve=True)
+def _config_node(cfg) -> DictConfig:
+    return cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
 
 
 def build_model(model_cfg, device: torch.device, seed: int, shard=None):
-    """The GPT of `model_cfg` on `device`, initialised from a generator seeded with `seed`. `shard`, when
-    given, is applied to the model while it is still on the meta device (train.parallel=fsdp)."""
-    from mars.model import GPT
+    """The model of `model_cfg` (its model.arch's class) on `device`, initialised from a generator seeded
+    with `seed`. `shard`, when given, is applied to the model while it is still on the meta device
+    (train.parallel=fsdp: mars.train.parallel.fsdp_sharder)."""
+    from mars.model.spec import model_config, spec_for
 
-    model = GPT.empty(model_cfg, device, on_meta=shard)
+    model_cfg = model_config(model_cfg)
+    model = spec_for(model_cfg).model.empty(model_cfg, device, on_meta=shard)
     model.init_weights(generator=torch.Generator(device=device).manual_seed(seed))
     return model
 
 
 class Trainer:
-    """Owns the model, optimizer, loaders, schedule and loop state of one training run."""
+    """Owns the model, optimizer, loaders, schedule and loop state of one training run.
+
+    Built in five steps, each a method below: data, model (+ its parallel layout), optimizer (+ the lr
+    and gamma schedules), restore (the checkpoint `resume_from`, if any), logging. The loop is fit()."""
 
     def __init__(self, cfg, run_dir: str | Path, dist: DistInfo, resume_from: str | Path | None = None):
-        from mars.data import BatchLoader, ValLoader, open_dataset
-        from mars.optim import build_optimizer
-
-        self.cfg = c = _to_config(cfg)
-        self.config_yaml = _config_yaml(cfg)
+        self.cfg = _to_config(cfg)
+        node = _config_node(cfg)
+        self.config_yaml = OmegaConf.to_yaml(node, resolve=True)
         self.run_dir = Path(run_dir)
         self.dist = dist
         self.device = torch.device(dist.device)
-        t = c.train
+        resume_from = None if resume_from is None else Path(resume_from)
 
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        dtype = t.dtype if t.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
-        self.autocast = (
-            torch.autocast(self.device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
-        )
+        self._build_data()
+        self._build_model()
+        self._build_optimizer()
+        wandb_run_id = self._restore(resume_from)
+        self._start_logging(OmegaConf.to_container(node, resolve=True), resume_from, wandb_run_id)
 
-        # data
+        self._batch_cache: tuple[int, list] | None = None
+        self._stop_signal: int | None = None
+        self.last_val_loss: float | None = None
+        self.progress: Progress | None = None
+        self._fit_start: float | None = None
+        self._elapsed_before = 0.0
+
+    # ------------------------------------------------------------------ construction
+
+    def _build_data(self) -> None:
+        """This rank's share of every step's global batch, and the fixed validation windows."""
+        from mars.data import BatchLoader, ValLoader, open_dataset
+
+        c, t, dist = self.cfg, self.cfg.train, self.dist
         dataset = open_dataset(c.data, vocab_size=c.model.vocab_size)
         self.global_batch_size = global_batch_size(c, dist.world_size)
+        self.tokens_per_step = self.global_batch_size * c.model.block_size
         self.loader = BatchLoader(
             dataset.train,
             block_size=c.model.block_size,
@@ -130,34 +141,47 @@ class Trainer:
                 world_size=dist.world_size,
                 device=str(self.device),
             )
-        self.tokens_per_step = self.global_batch_size * c.model.block_size
 
-        # model and optimizer: built on the meta device, then materialised and initialised from a
-        # generator seeded with train.seed (the same weights on every rank, and in any parallel layout)
-        torch.manual_seed(t.seed)  # dropout and anything else drawn from the global RNG
+    def _build_model(self) -> None:
+        """The model from its spec, laid out by train.parallel (mars.train.parallel). fsdp: sharded on the
+        meta device, blocks compiled; ddp: compiled whole and, over several ranks, wrapped in DDP.
+        raw_model is the module itself, eval_model what evaluation runs, model what training runs."""
+        from mars.train.parallel import device_mesh, fsdp_sharder, replicate
+
+        t = self.cfg.train
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        dtype = t.dtype if t.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
+        bf16 = dtype == "bfloat16"
         use_compile = t.compile if t.compile is not None else self.device.type == "cuda"
         self.fsdp = t.parallel == "fsdp"
+        self.ddp = self.dist.distributed and not self.fsdp
+        self.autocast = nullcontext()
+        if bf16 and not self.fsdp:  # under fsdp, FSDP2's MixedPrecisionPolicy casts the weights instead
+            self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+        # built on the meta device, then materialised and initialised from a generator seeded with
+        # train.seed: the same weights on every rank, and in any parallel layout
+        torch.manual_seed(t.seed)  # dropout and anything else drawn from the global RNG
         shard = None
         if self.fsdp:
-            from mars.train.parallel import device_mesh, parallelize
-
-            self.mesh = device_mesh(dist.world_size, t.fsdp_replicate, self.device.type)
-            bf16 = dtype == "bfloat16"
-            self.autocast = nullcontext()  # FSDP2's MixedPrecisionPolicy casts the weights instead
-
-            def shard(model):
-                parallelize(model, self.mesh, mixed_precision=bf16, compile_blocks=use_compile)
-
-        self.raw_model = build_model(c.model, self.device, t.seed, shard)
-        if resume_from is not None:
-            ckpt.check_model_shape(resume_from, c.model)
-            ckpt.load_model_state(self.raw_model, resume_from)
-        # DDP: Newton-Schulz is divided over the ranks (FSDP2's DTensor parameters carry their mesh)
-        replicated = torch.distributed.group.WORLD if dist.distributed and not self.fsdp else None
-        self.optimizer = build_optimizer(self.raw_model, c.optimizer, process_group=replicated)
-        self.exact = bool(getattr(self.optimizer, "needs_previous_grads", False))
+            self.mesh = device_mesh(self.dist.world_size, t.fsdp_replicate, self.device.type)
+            shard = fsdp_sharder(self.mesh, mixed_precision=bf16, compile_blocks=use_compile)
+        self.raw_model = build_model(self.cfg.model, self.device, t.seed, shard)
+        self.eval_model = torch.compile(self.raw_model) if use_compile and not self.fsdp else self.raw_model
+        self.model = replicate(self.eval_model, self.device) if self.ddp else self.eval_model
         self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
         self.param_names = {id(p): n for n, p in self.raw_model.named_parameters()}
+
+    def _build_optimizer(self) -> None:
+        """The optimizer of the config over raw_model, and its lr (and, for MARS, gamma) schedule."""
+        from mars.optim import build_optimizer
+
+        c, t = self.cfg, self.cfg.train
+        # ddp: Newton-Schulz is divided over the ranks (FSDP2's DTensor parameters carry their mesh)
+        replicated = torch.distributed.group.WORLD if self.ddp else None
+        self.optimizer = build_optimizer(self.raw_model, c.optimizer, process_group=replicated)
+        self.exact = bool(getattr(self.optimizer, "needs_previous_grads", False))
         self.schedule = LRSchedule.from_config(c.schedule, c.optimizer.lr, t.max_steps)
         self.gamma_schedule = (
             GammaSchedule(c.optimizer.gamma, c.optimizer.gamma_schedule, t.max_steps)
@@ -165,40 +189,18 @@ class Trainer:
             else None
         )
 
-        self.eval_model = torch.compile(self.raw_model) if use_compile and not self.fsdp else self.raw_model
-        self.model = self.eval_model
-        if dist.distributed and not self.fsdp:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.model = DDP(self.eval_model, device_ids=ids)
-
+    def _restore(self, step_dir: Path | None) -> str | None:
+        """The loop's counters and health history, fresh or from the checkpoint `step_dir` together with
+        its weights (copied into the parameters in place), optimizer state, loader position and RNG.
+        The optimizer's hyperparameters stay those of this run's config (mars.train.resume). Returns
+        the checkpoint's wandb run id."""
+        t = self.cfg.train
         self.state = Counters()
         self.health = HealthMonitor(t.health_window, t.spike_factor, t.spike_loss)
-        wandb_run_id = None
-        if resume_from is not None:
-            wandb_run_id = self._restore(Path(resume_from))
-
-        self.metrics = None
-        if dist.is_main:
-            if (
-                resume_from is not None
-                and Path(resume_from).resolve().parent.parent == self.run_dir.resolve()
-            ):
-                MetricsFile(self.run_dir).truncate_after(self.state.step)
-            self.metrics = Metrics(self.run_dir, c.logger.wandb, _config_dict(cfg), wandb_run_id=wandb_run_id)
-        self._batch_cache: tuple[int, list] | None = None
-        self._stop_signal: int | None = None
-        self.last_val_loss: float | None = None
-        self.progress: Progress | None = None
-        self._fit_start: float | None = None
-        self._elapsed_before = 0.0
-
-    # ------------------------------------------------------------------ state
-
-    def _restore(self, step_dir: Path) -> str | None:
-        """Optimizer, loader, RNG, loop counters and health history of a checkpoint. The optimizer's
-        hyperparameters stay those of this run's config (mars.train.resume)."""
+        if step_dir is None:
+            return None
+        ckpt.check_model_shape(step_dir, self.cfg.model)
+        ckpt.load_model_state(self.raw_model, step_dir)
         state = ckpt.load_train_state(step_dir)
         sharded_dir = step_dir / ckpt.SHARDED_DIR if ckpt.checkpoint_format(step_dir) == "sharded" else None
         load_optimizer_state(
@@ -208,9 +210,20 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         self.state = Counters(**state["counters"])
         self.health.load_state_dict(state.get("health", {}))
-        meta = ckpt.read_meta(step_dir)
         log.info(f"resumed from {step_dir} at step {self.state.step}")
-        return meta.get("wandb_run_id")
+        return ckpt.read_meta(step_dir).get("wandb_run_id")
+
+    def _start_logging(self, config: dict, resume_from: Path | None, wandb_run_id: str | None) -> None:
+        """The main rank's metrics (metrics.jsonl, wandb), cut back to the step resumed from when the
+        checkpoint is this run dir's own (its later lines will be logged again)."""
+        self.metrics = None
+        if not self.dist.is_main:
+            return
+        if resume_from is not None and resume_from.resolve().parent.parent == self.run_dir.resolve():
+            MetricsFile(self.run_dir).truncate_after(self.state.step)
+        self.metrics = Metrics(self.run_dir, self.cfg.logger.wandb, config, wandb_run_id=wandb_run_id)
+
+    # ------------------------------------------------------------------ state
 
     def save(self) -> Path | None:
         """Checkpoint the current step. Replicated (ddp): rank 0 writes the "full" format while the others
@@ -278,7 +291,7 @@ class Trainer:
         for i, (x, y) in enumerate(batches):
             # DDP all-reduces on the last micro-step only; FSDP2 reduce-scatters every micro-step, which
             # keeps the gradients sharded (and accumulates them in place)
-            sync = i == n - 1 or not self.dist.distributed or self.fsdp
+            sync = i == n - 1 or not self.ddp
             with nullcontext() if sync else self.model.no_sync():
                 with self.autocast:
                     _, loss = self.model(x, y)
@@ -288,9 +301,10 @@ class Trainer:
 
     def _clip(self) -> torch.Tensor:
         """Clip the global gradient norm (over every rank's shards under FSDP2); returns the norm."""
+        from mars.train.grad_norm import clip_grad_norm_  # the same number in every layout
+
         max_norm = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return clip_grad_norm_(self.params, max_norm)
 
     def _zero_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -329,7 +343,8 @@ class Trainer:
         all_reduce_sum(totals)
         return (totals[0] / totals[1]).item() if totals[1] > 0 else math.nan
 
-    def _downstream(self) -> dict:
+    def _downstream_and_log(self) -> None:
+        """Zero-shot scores of the model (mars.eval, on the main rank), logged as downstream/TASK/METRIC."""
         from mars.eval.harness import evaluate_model
 
         d = self.cfg.downstream
@@ -344,6 +359,7 @@ class Trainer:
                 batch_size=d.batch_size,
                 device=str(self.device),
                 num_fewshot=d.num_fewshot,
+                tokenizer=self.cfg.data.tokenizer,
             )
             model.train()
             del model
@@ -352,7 +368,8 @@ class Trainer:
                     if isinstance(value, (int, float)):
                         results[f"downstream/{task}/{name}"] = value
         barrier()
-        return results
+        if results:
+            self._log(results)
 
     def _whole_model_on_main(self):
         """Under fsdp the main rank cannot run the sharded model alone (its forward all-gathers from
@@ -365,9 +382,9 @@ class Trainer:
         )
         if not self.dist.is_main:
             return None
-        from mars.model import GPT
+        from mars.model.spec import spec_for
 
-        model = GPT.empty(self.cfg.model, self.device)
+        model = spec_for(self.cfg.model).model.empty(self.cfg.model, self.device)
         model.load_state_dict(full)
         return model
 
@@ -387,9 +404,21 @@ class Trainer:
                 pass
         return previous
 
-    def _log(self, record: dict) -> None:
+    def _log(self, values: dict) -> dict:
+        """One metrics line (main rank): the current step and tokens, then `values`. Returns the line."""
+        s = self.state.step
+        record = {"step": s, "tokens": s * self.tokens_per_step, **values}
         if self.metrics is not None:
             self.metrics.log(record)
+        return record
+
+    def _warn(self, alarm: str | None) -> None:
+        if alarm and self.progress is not None:
+            self.progress.write(f"warning: {alarm}")
+
+    def _every(self, interval: int) -> bool:
+        """Whether the current step is a multiple of `interval` (never for interval 0: off)."""
+        return interval > 0 and self.state.step % interval == 0
 
     def _eval_and_log(self) -> None:
         if self.val_loader is None:
@@ -399,12 +428,9 @@ class Trainer:
         if math.isfinite(val):
             self.state.best_val_loss = min(self.state.best_val_loss, val)
         self.state.elapsed = self._elapsed()
-        s = self.state.step
-        self._log(
-            {"step": s, "tokens": s * self.tokens_per_step, "val/loss": val, "time": self.state.elapsed}
-        )
+        self._log({"val/loss": val, "time": self.state.elapsed})
         if self.progress is not None:
-            self.progress.write(f"step {s}: val loss {val:.4f}")
+            self.progress.write(f"step {self.state.step}: val loss {val:.4f}")
 
     def train_step(self) -> StepResult:
         """One optimizer step at self.state.step (skipped when the gradient norm is not finite)."""
@@ -421,9 +447,7 @@ class Trainer:
             all_reduce_sum(stop)  # every rank stops at the same step
         norm_f, stop_f = torch.stack([norm.detach().float().reshape(()), stop]).tolist()  # the one sync
         stepped = math.isfinite(norm_f)
-        alarm = self.health.on_step(s.step + 1, norm_f)
-        if alarm and self.progress is not None:
-            self.progress.write(f"warning: {alarm}")
+        self._warn(self.health.on_step(s.step + 1, norm_f))
         if stepped:
             self.optimizer.step()
             s.nonfinite_streak = 0
@@ -451,39 +475,24 @@ class Trainer:
             while s.step < t.max_steps:
                 t0 = time.perf_counter()
                 out = self.train_step()
-                win.steps += 1
-                win.seconds += time.perf_counter() - t0
-                if out.stepped:
-                    win.add(out.loss_sum, out.grad_norm)
+                win.add(out, time.perf_counter() - t0)
                 self.progress.advance()
                 if s.nonfinite_streak >= t.max_nonfinite_steps:
                     raise TrainingDivergedError(self._divergence_advice(out.grad_norm))
                 last = s.step == t.max_steps
-                if s.step % t.log_interval == 0 or last:
+                if last or self._every(t.log_interval):
                     self._log_train(win, out.lr)
                     win = _Window(self.device)
-                if last or (t.eval_interval and s.step % t.eval_interval == 0):
+                if last or self._every(t.eval_interval):
                     self._eval_and_log()
-                d = self.cfg.downstream
-                if d.interval > 0 and s.step % d.interval == 0:
-                    results = self._downstream()
-                    if results:
-                        self._log({"step": s.step, "tokens": s.step * self.tokens_per_step, **results})
-                if last or out.stop or (t.ckpt_interval and s.step % t.ckpt_interval == 0):
+                if self._every(self.cfg.downstream.interval):
+                    self._downstream_and_log()
+                if last or out.stop or self._every(t.ckpt_interval):
                     self.save()
                     last_saved = s.step
                 if out.stop:
                     status = "preempted"
-                    who = (
-                        signal.Signals(self._stop_signal).name
-                        if self._stop_signal
-                        else "a signal to another rank"
-                    )
-                    msg = (
-                        f"stopped by {who} at step {s.step}, checkpoint saved; continue with "
-                        f"train.resume=auto hydra.run.dir={self.run_dir}"
-                    )
-                    self.progress.write(msg)
+                    self.progress.write(self._stopped_message())
                     break
             if status == "completed" and last_saved != s.step:
                 self.save()
@@ -494,6 +503,13 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.close()
         return status
+
+    def _stopped_message(self) -> str:
+        who = signal.Signals(self._stop_signal).name if self._stop_signal else "a signal to another rank"
+        return (
+            f"stopped by {who} at step {self.state.step}, checkpoint saved; continue with: "
+            f"{resume_command(self.run_dir, self.dist.world_size)}"
+        )
 
     def _elapsed(self) -> float:
         if self._fit_start is None:
@@ -511,15 +527,20 @@ class Trainer:
         ]
         lr = float(self.cfg.optimizer.lr)
         if good:
+            command = resume_command(
+                self.run_dir, self.dist.world_size, resume=str(good[-1]), optimizer__lr=lr / 2
+            )
             where = (
                 f"the newest healthy checkpoint from before it is {good[-1]}: continue from it with a lower "
-                f"learning rate, e.g. train.resume={good[-1]} optimizer.lr={lr / 2:g} (a resumed run uses "
-                "the new lr)"
+                f"learning rate (a resumed run uses the new lr), e.g. {command}"
             )
         else:
+            command = resume_command(
+                self.run_dir, self.dist.world_size, resume=None, optimizer__lr=lr / 2, train__overwrite=True
+            )
             where = (
-                "no checkpoint precedes it: start again with a lower learning rate, e.g. "
-                f"optimizer.lr={lr / 2:g}"
+                "no checkpoint precedes it: start again with a lower learning rate (train.overwrite=true "
+                f"moves this run aside), e.g. {command}"
             )
         return (
             f"stopping at step {s.step}: {s.nonfinite_streak} steps in a row had a non-finite loss or "
@@ -535,8 +556,6 @@ class Trainer:
         denom = win.good * self.accum_steps * self.dist.world_size
         tokens_per_s = win.steps * self.tokens_per_step / win.seconds if win.seconds > 0 else math.nan
         record = {
-            "step": s.step,
-            "tokens": s.step * self.tokens_per_step,
             "train/loss": loss_total / denom if denom else math.nan,
             "lr": lr,
             "grad_norm": win.norm / win.good if win.good else math.nan,
@@ -550,16 +569,17 @@ class Trainer:
             record["gamma"] = float(self.optimizer.param_groups[0]["gamma"])  # the value it used
         if getattr(self.optimizer, "diagnostics", False) and self.dist.is_main:
             record.update(self.optimizer.read_diagnostics())  # the one read of the device-side sums
-        if self.device.type == "cuda":
-            from mars.model.flops import flops_per_token, mfu
+        record.update(logged_metrics(self.raw_model, self.optimizer))  # mars.train.metrics.register_metric
+        from mars.model.flops import mfu
+        from mars.model.spec import spec_for
 
-            fpt = flops_per_token(self.cfg.model)
-            record["mfu"] = mfu(tokens_per_s, fpt, self.device, num_devices=self.dist.world_size)
+        fpt = spec_for(self.cfg.model).flops_per_token(self.cfg.model, None)
+        utilisation = mfu(tokens_per_s, fpt, self.device, num_devices=self.dist.world_size)
+        if utilisation is not None or self.device.type == "cuda":  # CPU: only with $MARS_PEAK_FLOPS
+            record["mfu"] = utilisation
         self._log(record)
         self.progress.show(record)
-        alarm = self.health.on_loss(s.step, record["train/loss"])
-        if alarm:
-            self.progress.write(f"warning: {alarm}")
+        self._warn(self.health.on_loss(s.step, record["train/loss"]))
 
 
 @dataclass
@@ -578,7 +598,10 @@ class _Window:
         self.loss = torch.zeros((), device=device)
         self.norm, self.good, self.steps, self.seconds = 0.0, 0, 0, 0.0
 
-    def add(self, loss_sum: torch.Tensor, norm: float) -> None:
-        self.loss += loss_sum
-        self.norm += norm
-        self.good += 1
+    def add(self, out: StepResult, seconds: float) -> None:
+        self.steps += 1
+        self.seconds += seconds
+        if out.stepped:  # a skipped step's loss and norm are not finite
+            self.loss += out.loss_sum
+            self.norm += out.grad_norm
+            self.good += 1

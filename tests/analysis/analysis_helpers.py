@@ -131,3 +131,32 @@ def two_group_sweep(root: Path, multirun: bool = True) -> Path:
             write_run(root / str(job), cfg, [f"optimizer={name}", f"train.seed={seed}"], loss, offset)
             job += 1
     return root
+
+
+def write_records(run_dir: Path, cfg: dict, overrides: Sequence[str], records: Sequence[dict]) -> Path:
+    """A run dir whose metrics.jsonl holds exactly these records (any keys), one per line."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run_dir
+
+
+def seeded_sweep(
+    root: Path,
+    finals: dict[str, Sequence[float]],
+    seeds: dict[str, Sequence[int]] | None = None,
+) -> Path:
+    """One sweep `-m optimizer.lr=... train.seed=...`: per group (keyed by its lr), one run per seed whose
+    val curve is the baseline's power law shifted so that it ends at the given final loss."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+    job = 0
+    for lr, values in finals.items():
+        for i, final in enumerate(values):
+            seed = (seeds or {}).get(lr, range(1, len(values) + 1))[i]
+            cfg = config(**{"optimizer.lr": float(lr), "train.seed": seed})
+            offset = final - power_law(EVAL_TOKENS[-1])
+            write_run(root / str(job), cfg, [f"optimizer.lr={lr}", f"train.seed={seed}"], power_law, offset)
+            job += 1
+    return root

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 from analysis_helpers import ADAMW, BASE_CONFIG, config, power_law, write_run
 
-from mars.analysis.curves import read_run, run_labels
 from mars.analysis.groups import group_runs
-from mars.analysis.labels import Item, common_description, label, varying_columns
+from mars.analysis.labels import Item, common_description, label, run_labels, varying_columns
 from mars.analysis.plots import GroupCurves, curves_figure, groups_figure, pyplot
-from mars.analysis.runs import load_runs, parse_overrides
+from mars.analysis.runs import load_runs, parse_overrides, read_run
 from mars.analysis.settings import settings_of
 from mars.analysis.stats import mean_curve
 
@@ -142,7 +141,7 @@ def test_report_figure_legend_sits_outside_the_panels(tmp_path):
     for i in range(7):
         curve = [(d, power_law((1 + i / 4) * d)) for d in (0, 1e4, 2e4, 4e4, 8e4)]
         band = mean_curve([curve, [(d, v + 0.01) for d, v in curve]])
-        groups.append(GroupCurves(f"optimizer.lr={i}e-3, optimizer.gamma=0.0{i}", band, band, i == 0, 2))
+        groups.append(GroupCurves(f"optimizer.lr={i}e-3, optimizer.gamma=0.0{i}", [band, band], i == 0, 2))
     fig = groups_figure(groups, target=2.3)
     assert fig.legends[0].get_title().get_text() == "mean over seeds; shaded: min to max over seeds"
     assert_legend_clear_of_axes(fig)
@@ -190,3 +189,43 @@ def test_plot_curves_y_range_skips_the_first_tenth_of_training_unless_asked(tmp_
     pyplot().close("all")
     assert focused[1] < power_law(0.1 * 204800) + 0.05 and full[1] > 10.0
     assert focused[0] < power_law(204800) < focused[1]
+
+
+def llama(**changes) -> dict:
+    """A llama_tiny run's config: the model section of configs/model/llama_tiny.yaml."""
+    model = {"arch": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "n_embd": 256, "block_size": 256,
+             "vocab_size": 50304, "mlp_hidden": None, "multiple_of": 64, "norm_eps": 1e-5,
+             "rope_theta": 10000.0, "tie_embeddings": False}  # fmt: skip
+    cfg = config(**changes)
+    cfg["model"] = {**model, **{k.split(".", 1)[1]: v for k, v in changes.items() if k.startswith("model.")}}
+    return cfg
+
+
+def test_labels_name_the_architecture_and_its_own_keys_only_where_they_vary():
+    gpt2_old = item(config())  # a run config from before model.arch: GPT-2's
+    gpt2_new = item(config(**{"model.arch": "gpt2", "model.bias": False}))
+    assert gpt2_old.settings["model.arch"] == "gpt2"
+    # the two families at one shape: the size facet says which, no LLaMA key becomes a column
+    both = [gpt2_old, item(llama())]
+    assert labels_of(both) == ["GPT-2 tiny", "LLaMA tiny"]
+    assert labels_of([gpt2_new, item(llama())]) == ["GPT-2 tiny", "LLaMA tiny"]
+    # a LLaMA key that varies among LLaMA runs is a column (the GPT-2 run has no value there)
+    gqa = [item(llama(**{"model.n_kv_head": k})) for k in (1, 2, 4)]
+    assert labels_of([gpt2_old, *gqa]) == ["GPT-2 tiny", "LLaMA tiny, n_kv_head=1", "LLaMA tiny, n_kv_head=2",
+                                          "LLaMA tiny, n_kv_head=4"]  # fmt: skip
+    narrow = {"model.n_layer": 2, "model.n_head": 2, "model.n_embd": 64, "model.block_size": 64}
+    assert labels_of([item(config(**narrow)), item(llama(**narrow))]) == ["2L/64d", "LLaMA 2L/64d"]
+    assert common_description(varying_columns(gqa), gqa) == "MARS-AdamW (approx), LLaMA tiny"
+
+
+def test_runs_of_two_architectures_are_not_compared_unless_a_sweep_chose_them(tmp_path):
+    from mars.analysis.errors import AnalysisError
+    from mars.analysis.groups import check_comparable
+
+    write_run(tmp_path / "a" / "0", config(), [], power_law)
+    write_run(tmp_path / "b" / "0", llama(), [], power_law)
+    with pytest.raises(AnalysisError, match=r"runs differ in model\.arch \(gpt2 in 1 run .*, llama in 1 run"):
+        check_comparable(load_runs([tmp_path / "a", tmp_path / "b"]))
+    write_run(tmp_path / "s" / "0", config(), ["model=gpt2_tiny"], power_law)
+    write_run(tmp_path / "s" / "1", llama(), ["model=llama_tiny"], power_law)
+    check_comparable(load_runs([tmp_path / "s"]))  # one multirun swept model=...

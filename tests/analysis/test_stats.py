@@ -10,14 +10,8 @@ import pytest
 from analysis_helpers import EVAL_TOKENS, A, B, C, power_law
 from scipy import stats as scipy_stats
 
-from mars.analysis.stats import (
-    FitError,
-    fit_power_law,
-    mean_curve,
-    mean_std,
-    tokens_to_target,
-    welch,
-)
+from mars.analysis.significance import welch
+from mars.analysis.stats import FitError, fit_power_law, mean_curve, mean_std, tokens_to_target
 
 
 def test_tokens_to_target_interpolates_between_evaluations():

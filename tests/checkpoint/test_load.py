@@ -197,3 +197,48 @@ def test_bad_meta_and_config_yaml(tmp_path, make_model):
     (d / "meta.json").write_text("{")
     with pytest.raises(CheckpointError, match=r"meta\.json is not valid JSON"):
         load_model(d)
+
+
+def test_a_model_json_without_arch_is_gpt2_and_a_llama_one_loads_as_llama(tmp_path, make_model):
+    """model.json files written before there were two architectures have no arch: they are GPT-2's."""
+    from mars.model.llama import Llama, LlamaConfig
+
+    model = make_model()
+    save_model(model, tmp_path / "old")
+    cfg = json.loads((tmp_path / "old" / "model.json").read_text())
+    assert cfg["arch"] == "gpt2"
+    del cfg["arch"]
+    (tmp_path / "old" / "model.json").write_text(json.dumps(cfg))
+    loaded, _ = load_model(tmp_path / "old")
+    assert_same_model(loaded, model)
+
+    llama = Llama(LlamaConfig(n_layer=1, n_head=2, n_kv_head=1, n_embd=16, block_size=8, vocab_size=64,
+                              multiple_of=16, tie_embeddings=True))  # fmt: skip
+    save_model(llama, tmp_path / "llama")
+    stored = load_file(str(tmp_path / "llama" / "model.safetensors"))
+    assert "lm_head.weight" not in stored  # a tied head is stored once
+    loaded, _ = load_model(tmp_path / "llama")
+    assert isinstance(loaded, Llama) and loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert_same_model(loaded, llama)
+
+
+def test_a_checkpoint_of_one_architecture_is_refused_for_the_other_in_one_line(tmp_path, make_model):
+    from mars.checkpoint import CheckpointMismatchError, check_model_shape
+    from mars.model.config import GPTConfig
+    from mars.model.llama import Llama, LlamaConfig
+
+    gpt = make_step(tmp_path / "gpt", 1, make_model())
+    llama_cfg = LlamaConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=128, multiple_of=16)
+    llama = make_step(tmp_path / "llama", 1, Llama(llama_cfg))
+    for step_dir, config, theirs, ours in [
+        (gpt, llama_cfg, "gpt2", "llama"),
+        (llama, GPTConfig(), "llama", "gpt2"),
+    ]:
+        with pytest.raises(CheckpointMismatchError) as e:
+            check_model_shape(step_dir, config)
+        assert "\n" not in str(e.value)
+        assert f"holds a model.arch={theirs} model, but the config asks for model.arch={ours}" in str(e.value)
+        assert f"model={theirs}_* preset" in str(e.value)
+    with pytest.raises(CheckpointMismatchError, match=r"n_kv_head=None \(config: 1\)"):
+        check_model_shape(llama, LlamaConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, block_size=16,
+                                             vocab_size=128, multiple_of=16))  # fmt: skip

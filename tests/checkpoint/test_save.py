@@ -36,6 +36,7 @@ def test_step_dir_holds_every_file_and_loads_safely(tmp_path):
     )
     assert path == tmp_path / "ckpt" / "step_00000007"
     assert sorted(p.name for p in path.iterdir()) == [
+        "checksums.json",
         "config.yaml",
         "meta.json",
         "model.json",
@@ -43,7 +44,18 @@ def test_step_dir_holds_every_file_and_loads_safely(tmp_path):
         "train_state.pt",
     ]
     meta = json.loads((path / "meta.json").read_text())
-    assert meta == {"tokens": 70, "wandb_run_id": "abc", "step": 7, "format": "full", "healthy": True}
+    assert meta == {
+        "tokens": 70,
+        "wandb_run_id": "abc",
+        "step": 7,
+        "format": "full",
+        "healthy": True,
+        "checksums": "xxh3_128",
+    }
+    sums = json.loads((path / "checksums.json").read_text())
+    assert sums["algorithm"] == "xxh3_128"
+    assert sorted(sums["files"]) == ["config.yaml", "model.json", "model.safetensors", "train_state.pt"]
+    assert sums["files"]["model.safetensors"]["size"] == (path / "model.safetensors").stat().st_size
     assert (path / "config.yaml").read_text() == "train:\n  max_steps: 9\n"
     state = ckpt.load_train_state(path)  # torch.load(weights_only=True) inside
     opt2 = torch.optim.AdamW(GPT(CFG).parameters(), lr=1e-3)
@@ -168,7 +180,7 @@ def test_full_disk_removes_the_partial_copy_and_keeps_the_previous(tmp_path, mon
 
 
 def test_files_are_fsynced_before_the_marker_and_the_dir_after_the_rename(tmp_path, monkeypatch):
-    import mars.checkpoint.files as files
+    import mars.files as files
 
     events = []
     real_fsync = files.os.fsync
@@ -201,6 +213,9 @@ def test_truncated_or_tampered_train_state_is_one_clear_error(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="holding objects this harness never writes") as e:
         ckpt.load_train_state(path)
     assert len(str(e.value).splitlines()) == 1
+    assert "system" in str(e.value)  # names what it carries
+    # a refusal of untrusted content never passes on torch's advice to load it unsafely
+    assert "weights_only" not in str(e.value) and "trusted source" not in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -213,17 +228,29 @@ def test_truncated_or_tampered_train_state_is_one_clear_error(tmp_path):
     ],
 )
 def test_verify_names_the_bad_file(tmp_path, damage, message):
+    """The structural checks, which are all a checkpoint from before checksums has (with checksums, the
+    checksum refuses any changed file first: test_checksums.py)."""
     path = _save(tmp_path, 5)
     ckpt.verify_checkpoint(path)  # intact: fine
+    written_before_checksums(path)
     damage(path)
     with pytest.raises(ckpt.CheckpointError, match=message):
         ckpt.verify_checkpoint(path)
+
+
+def written_before_checksums(step_dir):
+    """Make a checkpoint look like one written before checksums existed."""
+    meta = json.loads((step_dir / "meta.json").read_text())
+    del meta["checksums"]
+    (step_dir / "meta.json").write_text(json.dumps(meta))
+    (step_dir / "checksums.json").unlink()
 
 
 def test_verify_refuses_non_finite_weights(tmp_path):
     from safetensors.torch import load_file, save_file
 
     path = _save(tmp_path, 6)
+    written_before_checksums(path)
     tensors = load_file(path / "model.safetensors")
     tensors["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("inf")
     save_file(tensors, path / "model.safetensors")

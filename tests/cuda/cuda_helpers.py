@@ -1,39 +1,24 @@
-"""Shared by the CUDA tests (tests/cuda): the `cuda` marker and its skip, and measured values for the
-report of scripts/gpu_check.py. Imports only the standard library, pytest and torch.
+"""Shared by the CUDA tests (tests/cuda): the device they run on, where the corpus is prepared, and
+two public-API checks of the optimizers' compiled kernels. Imports only the standard library, pytest
+and torch.
 
-The tests run on MARS_TEST_DEVICE (default "cuda"); they skip when that is a CUDA device and none is
-visible. MARS_TEST_DEVICE=cpu runs them on the CPU, which checks the tests themselves (slowly, and the
-CUDA-only assertions are left out) on a machine without a GPU.
+The tests run on MARS_TEST_DEVICE (default "cuda"; conftest.py skips every `cuda` test when that is a
+CUDA device and none is visible). MARS_TEST_DEVICE=cpu runs them on the CPU, which checks the tests
+themselves (slowly; the CUDA-only assertions are left out) on a machine without a GPU. Measured values
+go to pytest's `record_property` (the JUnit XML that scripts/gpu_check.py reads).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 REPO = Path(__file__).resolve().parents[2]
 DEVICE = os.environ.get("MARS_TEST_DEVICE", "cuda")
 ON_CUDA = DEVICE.startswith("cuda")
-
-requires_cuda = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(ON_CUDA and not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
-
-
-def record(section: str, **values) -> None:
-    """Append one row of measured values to $GPU_CHECK_FACTS (JSON lines); a no-op when it is unset."""
-    path = os.environ.get("GPU_CHECK_FACTS")
-    if not path:
-        return
-    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("::")[-1]
-    row = {"section": section, "test": test, **values}
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row, default=str) + "\n")
 
 
 def data_root() -> Path:
@@ -44,3 +29,25 @@ def data_root() -> Path:
 def sync() -> None:
     if ON_CUDA:
         torch.cuda.synchronize()
+
+
+def profiled(fn):
+    """fn() under torch.profiler: (its result, compiled regions entered, Triton kernels launched).
+    Compiled code shows up as "Torch-Compiled Region" events on every device, Triton kernels (named
+    triton_*) on CUDA: what the fused optimizers run, whatever their modules are called."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ON_CUDA else [])
+    with profile(activities=activities) as prof:
+        result = fn()
+    names = [e.name for e in prof.events()]
+    regions = sum(n.startswith("Torch-Compiled Region") for n in names)
+    return result, regions, sum(n.startswith("triton_") for n in names)
+
+
+def fused_fallbacks(recwarn) -> list[str]:
+    """The warnings an optimizer gives when its compiled kernels fail and it falls back to the
+    multi-tensor path (a RuntimeWarning naming the fused kernels), from pytest's `recwarn`."""
+    return [
+        str(w.message)
+        for w in recwarn
+        if issubclass(w.category, RuntimeWarning) and "fused" in str(w.message).lower()
+    ]

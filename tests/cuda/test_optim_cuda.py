@@ -1,8 +1,9 @@
 """The optimizers on CUDA: compiled Triton kernels (fused=True) against the multi-tensor path
 (fused=False) on the same tensors, and bf16 parameters against a float32 run.
 
-Imports only torch, pytest and mars.optim (no Hydra), so that scripts/gpu_check.py can run it on a
-machine that has only torch and triton. Every class of mars.optim is covered: MARS (mars-adamw,
+Uses only mars.optim's public API (no Hydra, no private kernel modules): that the compiled kernels
+ran is read from torch.profiler (compiled regions; Triton kernels on CUDA) and from the absence of the
+fallback warning. Every class of mars.optim is covered: MARS (mars-adamw,
 mars-lion, mars-shampoo; approximate and exact; clip on and off; optimize_1d), MARSM (approximate,
 exact, lean), Lion, Muon and Moonlight (with and without Nesterov).
 
@@ -23,15 +24,15 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from cuda_helpers import DEVICE, record, requires_cuda, sync
+from cuda_helpers import DEVICE, ON_CUDA, fused_fallbacks, profiled, sync
 
-from mars.optim import MARS, MARSM, Lion, Moonlight, Muon, _kernels
+from mars.optim import MARS, MARSM, Lion, Moonlight, Muon
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.cuda
 
 STEPS = 5
-# Matrices: four with >= _kernels.FUSED_MIN_NUMEL (32768) entries, which take the compiled kernels, two of
-# one shape (one batched Newton-Schulz), one odd shape, one small matrix on the multi-tensor path.
+# Matrices: four with >= 32768 entries, large enough for the compiled kernels, two of one shape (one
+# batched Newton-Schulz), one odd shape, one small matrix (the multi-tensor path takes small tensors).
 MATRICES = [(384, 256), (384, 256), (256, 384), (300, 130), (64, 48)]
 # The rest: an embedding-like matrix (the AdamW side of Muon, Moonlight and MARS-M; a MARS matrix),
 # a large 1-D tensor (compiled AdamW kernel) and two small ones.
@@ -81,46 +82,33 @@ def _lion(ps, fused):
 class Case:
     make: Callable  # make(params, fused) -> optimizer
     kind: str  # elementwise | sign | ns: how closely the parameters must agree (module docstring)
-    kernels: tuple  # (_rule name in mars.optim.rules, clip) of the compiled kernels the case must use
     exact: bool = False  # exact mode: stash a look-ahead gradient before every step
     ns: tuple = ()  # indices of the tensors that are orthogonalised
 
 
 NS_2D = tuple(i for i, s in enumerate(SHAPES) if len(s) == 2)  # MARS-Shampoo: every matrix
 NS_MUON = tuple(range(len(MATRICES)))  # Muon, Moonlight, MARS-M: the hidden matrices
-ADAMW, LION, LEAN = ("_adamw", None), ("_lion", None), ("_lean_momentum", None)
-SGD, EMA = ("_sgd_momentum", None), ("_ema_momentum", None)
-
-
-def _k(name, clip=True):
-    return (name, clip)
-
+MARSM_KW = {"lr": 6e-3, "wd": 0.01}
 
 CASES = {
-    "mars_adamw": Case(_mars(), "elementwise", (_k("_mars_adamw"), ADAMW)),
-    "mars_adamw_noclip": Case(_mars(clip_c=False), "elementwise", (_k("_mars_adamw", False),)),
-    "mars_adamw_exact": Case(_mars(is_approx=False), "elementwise", (_k("_mars_adamw"),), exact=True),
-    "mars_adamw_optimize_1d": Case(_mars(optimize_1d=True), "elementwise", (_k("_mars_adamw"),)),
-    "mars_lion": Case(_mars(mars_type="mars-lion"), "sign", (_k("_mars_lion"),)),
-    "mars_lion_noclip": Case(_mars(mars_type="mars-lion", clip_c=False), "sign", (_k("_mars_lion", False),)),
-    "mars_lion_exact": Case(_mars(mars_type="mars-lion", is_approx=False), "sign", (_k("_mars_lion"),), True),
-    "mars_shampoo": Case(_mars(mars_type="mars-shampoo"), "ns", (_k("_mars_momentum"),), ns=NS_2D),
-    "mars_shampoo_exact": Case(
-        _mars(mars_type="mars-shampoo", is_approx=False), "ns", (_k("_mars_momentum"),), True, NS_2D
-    ),
-    "mars_m": Case(_matrix(MARSM, lr=6e-3, wd=0.01), "ns", (_k("_mars_momentum"), ADAMW), ns=NS_MUON),
-    "mars_m_noclip": Case(
-        _matrix(MARSM, lr=6e-3, wd=0.01, clip_c=False), "ns", (_k("_mars_momentum", False),), ns=NS_MUON
-    ),
-    "mars_m_exact": Case(
-        _matrix(MARSM, lr=6e-3, wd=0.01, is_approx=False), "ns", (_k("_mars_momentum"),), True, NS_MUON
-    ),
-    "mars_m_lean": Case(_matrix(MARSM, lr=6e-3, wd=0.01, lean=True), "ns", (LEAN,), ns=NS_MUON),
-    "lion": Case(_lion, "sign", (LION,)),
-    "muon": Case(_matrix(Muon, lr=0.02, weight_decay=0.01), "ns", (SGD, ADAMW), ns=NS_MUON),
-    "muon_no_nesterov": Case(_matrix(Muon, lr=0.02, nesterov=False), "ns", (SGD,), ns=NS_MUON),
-    "moonlight": Case(_matrix(Moonlight, lr=6e-3, wd=0.1), "ns", (EMA, ADAMW), ns=NS_MUON),
-    "moonlight_nesterov": Case(_matrix(Moonlight, lr=6e-3, wd=0.1, nesterov=True), "ns", (EMA,), ns=NS_MUON),
+    "mars_adamw": Case(_mars(), "elementwise"),
+    "mars_adamw_noclip": Case(_mars(clip_c=False), "elementwise"),
+    "mars_adamw_exact": Case(_mars(is_approx=False), "elementwise", exact=True),
+    "mars_adamw_optimize_1d": Case(_mars(optimize_1d=True), "elementwise"),
+    "mars_lion": Case(_mars(mars_type="mars-lion"), "sign"),
+    "mars_lion_noclip": Case(_mars(mars_type="mars-lion", clip_c=False), "sign"),
+    "mars_lion_exact": Case(_mars(mars_type="mars-lion", is_approx=False), "sign", exact=True),
+    "mars_shampoo": Case(_mars(mars_type="mars-shampoo"), "ns", ns=NS_2D),
+    "mars_shampoo_exact": Case(_mars(mars_type="mars-shampoo", is_approx=False), "ns", True, NS_2D),
+    "mars_m": Case(_matrix(MARSM, **MARSM_KW), "ns", ns=NS_MUON),
+    "mars_m_noclip": Case(_matrix(MARSM, **MARSM_KW, clip_c=False), "ns", ns=NS_MUON),
+    "mars_m_exact": Case(_matrix(MARSM, **MARSM_KW, is_approx=False), "ns", True, NS_MUON),
+    "mars_m_lean": Case(_matrix(MARSM, **MARSM_KW, lean=True), "ns", ns=NS_MUON),
+    "lion": Case(_lion, "sign"),
+    "muon": Case(_matrix(Muon, lr=0.02, weight_decay=0.01), "ns", ns=NS_MUON),
+    "muon_no_nesterov": Case(_matrix(Muon, lr=0.02, nesterov=False), "ns", ns=NS_MUON),
+    "moonlight": Case(_matrix(Moonlight, lr=6e-3, wd=0.1), "ns", ns=NS_MUON),
+    "moonlight_nesterov": Case(_matrix(Moonlight, lr=6e-3, wd=0.1, nesterov=True), "ns", ns=NS_MUON),
 }
 BF16_CASES = ["mars_adamw", "mars_adamw_exact", "mars_lion", "mars_shampoo", "mars_m", "lion", "muon"]
 BF16_CASES += ["moonlight"]
@@ -176,20 +164,15 @@ def state_err(opt_a, params_a, opt_b, params_b) -> float:
     return worst
 
 
-def compiled(name, clip=None):
-    """Whether rule `name` (of mars.optim.rules, after a leading _) ran compiled (one kernel with or
-    without the clip)."""
-    return name.lstrip("_") in _kernels.compiled_rules()
-
-
 @pytest.mark.parametrize("name", list(CASES))
-def test_compiled_kernels_match_the_multi_tensor_path(name):
+def test_compiled_kernels_match_the_multi_tensor_path(name, record, recwarn):
     case = CASES[name]
     kind, ns_idx = case.kind, case.ns
-    fused, opt_f, first_s = run(case.make, True, exact=case.exact)
-    assert _kernels._disabled_reason is None, f"the fused kernels were disabled: {_kernels._disabled_reason}"
-    for k in case.kernels:
-        assert compiled(*k), f"{k} was not compiled: the fused path was not taken"
+    (fused, opt_f, first_s), regions, triton = profiled(lambda: run(case.make, True, exact=case.exact))
+    assert not fused_fallbacks(recwarn), fused_fallbacks(recwarn)
+    assert regions > 0, "no compiled region ran: the fused path was not taken"
+    if ON_CUDA:
+        assert triton > 0, "no Triton kernel ran: the fused path was not compiled by Triton"
     ref, opt_r, _ = run(case.make, False, exact=case.exact)
 
     s_err = state_err(opt_f, fused, opt_r, ref)
@@ -203,13 +186,13 @@ def test_compiled_kernels_match_the_multi_tensor_path(name):
         ]
         flips = sum(differ) / sum(p.numel() for p in ref)
     record(
-        "fused vs multi-tensor, float32",
-        case=name,
         state_err=s_err,
         param_err=p_err,
         ns_displacement_err=ns_err if ns_idx else None,
         sign_flip_fraction=flips if kind == "sign" else None,
         first_fused_step_s=round(first_s, 3),
+        compiled_regions=regions,
+        triton_kernels=triton if ON_CUDA else None,
     )
     assert s_err < 1e-5, f"optimizer state differs: {s_err:.2e}"
     if kind == "sign":
@@ -221,13 +204,13 @@ def test_compiled_kernels_match_the_multi_tensor_path(name):
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
 @pytest.mark.parametrize("name", BF16_CASES)
-def test_bf16_parameters_follow_a_float32_run(name, fused):
+def test_bf16_parameters_follow_a_float32_run(name, fused, record, recwarn):
     """bf16 storage rounds every stored update (2^-8 relative): the result must stay within BF16_TOL
     of the float32 run's displacement, from the same (bf16-rounded) start and gradients."""
     case = CASES[name]
     ours, opt, _ = run(case.make, fused, dtype=torch.bfloat16, exact=case.exact, params0=BF16_PARAMS0)
     ref, _, _ = run(case.make, False, exact=case.exact, inputs_dtype=torch.bfloat16, params0=BF16_PARAMS0)
-    assert _kernels._disabled_reason is None, f"the fused kernels were disabled: {_kernels._disabled_reason}"
+    assert not fused_fallbacks(recwarn), fused_fallbacks(recwarn)
     for p in ours:
         assert p.dtype == torch.bfloat16 and torch.isfinite(p).all()
     for state in opt.state.values():
@@ -237,20 +220,17 @@ def test_bf16_parameters_follow_a_float32_run(name, fused):
                 assert torch.isfinite(v).all(), key
     start = [p.to(torch.bfloat16) for p in BF16_PARAMS0]
     errs = [displacement_err(a, b, s) for a, b, s in zip(ours, ref, start, strict=True)]
-    record("bf16 vs float32", case=name, fused=fused, max_displacement_err=max(errs))
+    record(max_displacement_err=max(errs))
     assert max(errs) < BF16_TOL[case.kind], [round(e, 4) for e in errs]
 
 
-def test_fused_kernels_stayed_enabled():
-    """After everything above: Triton compiled every kernel (no fallback to the multi-tensor path)."""
-    names = ["_adamw", "_mars_adamw", "_mars_lion", "_lion", "_sgd_momentum", "_ema_momentum"]
-    names += ["_mars_momentum", "_lean_momentum"]
-    done = [name for name in names if compiled(name)]
-    record(
-        "fused kernels",
-        device=DEVICE,
-        available=_kernels.available(torch.device(DEVICE)),
-        disabled_reason=_kernels._disabled_reason,
-        compiled=done,
-    )
-    assert _kernels._disabled_reason is None, _kernels._disabled_reason
+def test_fused_kernels_stayed_available(record, recwarn):
+    """After everything above: fused=True is still accepted (an optimizer refuses it once a compile
+    failure has switched the kernels off) and a step of the compiled kernels runs."""
+    p = torch.nn.Parameter(torch.randn(512, 256, device=DEVICE))
+    p.grad = torch.randn_like(p)
+    opt = MARS([p], lr=1e-3, fused=True)
+    _, regions, triton = profiled(lambda: (opt.step(), sync()))
+    assert not fused_fallbacks(recwarn), fused_fallbacks(recwarn)
+    record(device=DEVICE, compiled_regions=regions, triton_kernels=triton if ON_CUDA else None)
+    assert regions > 0 and (triton > 0 or not ON_CUDA)

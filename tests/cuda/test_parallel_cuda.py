@@ -23,9 +23,9 @@ import sys
 
 import pytest
 import torch
-from cuda_helpers import DEVICE, ON_CUDA, REPO, data_root, record, requires_cuda
+from cuda_helpers import DEVICE, ON_CUDA, REPO, data_root, fused_fallbacks
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.cuda
 
 STEPS = 10
 FP32_TOL = 1e-4
@@ -72,21 +72,16 @@ def one_rank_group():
 
 
 def train_losses(info, run_dir, *extra: str) -> list[float]:
-    from mars.optim import _kernels
     from mars.train.cli import compose_config
     from mars.train.trainer import Trainer
 
     torch.manual_seed(0)
     trainer = Trainer(compose_config(overrides(*extra)), run_dir, info)
     losses = []
-    try:
-        for _ in range(STEPS):
-            out = trainer.train_step()
-            assert out.stepped
-            losses.append(float(out.loss_sum) / trainer.accum_steps)
-    finally:
-        if _kernels._disabled_reason is not None:  # (sharded parameters are DTensors)
-            record("fused kernels", after=" ".join(extra), disabled_reason=_kernels._disabled_reason)
+    for _ in range(STEPS):
+        out = trainer.train_step()
+        assert out.stepped
+        losses.append(float(out.loss_sum) / trainer.accum_steps)
     return losses
 
 
@@ -96,24 +91,21 @@ def max_diff(a: list[float], b: list[float]) -> float:
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "mars_adamw", "mars_m"])
-def test_fsdp_on_one_gpu_matches_one_process_in_float32(optimizer, one_rank_group, tmp_path):
+def test_fsdp_on_one_gpu_matches_one_process_in_float32(optimizer, one_rank_group, tmp_path, record, recwarn):
     common = (f"optimizer={optimizer}", STABLE_LR, "train.dtype=float32", "train.compile=false")
     ddp = train_losses(one_rank_group, tmp_path / "ddp", *common, "train.parallel=ddp")
     fsdp = train_losses(one_rank_group, tmp_path / "fsdp", *common, "train.parallel=fsdp")
     diff = max_diff(fsdp, ddp)
     record(
-        "parallel layouts, per-step loss",
-        compare="fsdp (1 rank) vs 1 process",
-        optimizer=optimizer,
-        dtype="float32",
         max_abs_diff=diff,
         loss_first=round(ddp[0], 4),
         loss_last=round(ddp[-1], 4),
+        fused_fallback="; ".join(fused_fallbacks(recwarn)) or None,  # sharded parameters are DTensors
     )
     assert diff < FP32_TOL, f"fsdp {fsdp}\nddp  {ddp}"
 
 
-def test_compiled_bf16_fsdp_on_one_gpu_trains(one_rank_group, tmp_path):
+def test_compiled_bf16_fsdp_on_one_gpu_trains(one_rank_group, tmp_path, record, recwarn):
     """The production GPU layout: blocks compiled, FSDP2 mixed precision (adamw: the optimizer is not
     what this checks)."""
     dtype = "bfloat16" if ON_CUDA else "float32"
@@ -122,13 +114,11 @@ def test_compiled_bf16_fsdp_on_one_gpu_trains(one_rank_group, tmp_path):
     ddp = train_losses(one_rank_group, tmp_path / "ddp", *common, "train.parallel=ddp")
     diff = max_diff(fsdp, ddp)
     record(
-        "parallel layouts, per-step loss",
-        compare="fsdp (1 rank, compiled blocks) vs 1 process (compiled)",
-        optimizer="adamw",
         dtype=dtype,
         max_abs_diff=diff,
         loss_first=round(fsdp[0], 4),
         loss_last=round(fsdp[-1], 4),
+        fused_fallback="; ".join(fused_fallbacks(recwarn)) or None,
     )
     assert all(map(torch.isfinite, map(torch.tensor, fsdp))), fsdp
     assert sum(fsdp[:3]) / 3 - sum(fsdp[-3:]) / 3 > 0.3, f"the fsdp loss did not fall: {fsdp}"
@@ -172,15 +162,11 @@ def one_process(tmp_path_factory):
 @pytest.mark.parametrize(
     "parallel,optimizer", [("ddp", "mars_adamw"), ("fsdp", "adamw"), ("fsdp", "mars_adamw")]
 )
-def test_two_gpus_match_one_process(parallel, optimizer, one_process, tmp_path):
+def test_two_gpus_match_one_process(parallel, optimizer, one_process, tmp_path, record):
     two = _cli(tmp_path / parallel, 2, f"train.parallel={parallel}", f"optimizer={optimizer}")
     one = one_process(optimizer)
     diff = max_diff(two, one)
     record(
-        "parallel layouts, per-step loss",
-        compare=f"torchrun 2 GPUs {parallel} (nccl) vs 1 process",
-        optimizer=optimizer,
-        dtype="float32",
         max_abs_diff=diff,
         loss_first=round(two[0], 4),
         loss_last=round(two[-1], 4),

@@ -24,7 +24,7 @@ from mars.data import layout
 from mars.data import prepare as prep
 from mars.data import writer as writer_mod
 from mars.data.config import DataConfig
-from mars.data.errors import DataNotPreparedError, ManifestError, SourceError
+from mars.data.errors import DataError, DataNotPreparedError, ManifestError, SourceError
 from mars.data.sources import ListSource
 from mars.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
 
@@ -76,15 +76,33 @@ def test_embedded_documents_are_sorted_and_seeded(monkeypatch, tmp_path):
     ) == sorted(docs1)
 
 
-def test_embedded_is_rebuilt_when_settings_change(monkeypatch, tmp_path, docs):
+def test_the_shared_embedded_corpus_is_never_rewritten_for_other_settings(monkeypatch, tmp_path, docs):
+    """Other runs use data/embedded: another split or seed is refused (naming the key and a data.dir of
+    its own), the prepared files stay as they are, and the suggested directory works."""
     monkeypatch.setattr(embedded_mod, "embedded_documents", lambda seed=1337: docs)
     cfg = DataConfig(root=str(tmp_path), num_workers=1, val_tokens=100)
     out = prep.ensure_prepared(cfg)
     assert read_split(out, "val").size == 100
-    cfg.val_tokens = 200
-    assert prep.ensure_prepared(cfg) == out
-    assert read_split(out, "val").size == 200
-    assert json.loads((out / "manifest.json").read_text())["config"]["val_tokens"] == 200
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for change, fragment in ((dict(val_tokens=200), "data.val_tokens=100, not data.val_tokens=200"),
+                             (dict(seed=7), "data.seed=1337, not data.seed=7")):  # fmt: skip
+        other = DataConfig(**{"root": str(tmp_path), "num_workers": 1, "val_tokens": 100, **change})
+        for check in (prep.ensure_prepared, prep.check_ready, prep.prepare):
+            with pytest.raises(ManifestError, match=fragment) as e:
+                check(other)
+            assert "other runs use it" in str(e.value) and "data.dir=embedded_" in str(e.value)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    own = DataConfig(root=str(tmp_path), num_workers=1, val_tokens=200, dir="embedded_val200")
+    assert read_split(prep.ensure_prepared(own), "val").size == 200
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_an_unwritable_data_root_is_one_error_before_anything_is_written(tmp_path):
+    cfg = DataConfig(root="/proc/mars-data", num_workers=1)
+    for check in (prep.check_ready, prep.ensure_prepared):
+        with pytest.raises(DataError, match="/proc") as e:
+            check(cfg)
+        assert "data.root" in str(e.value) and "\n" not in str(e.value)
 
 
 # ----------------------------------------------------------------------------- local files

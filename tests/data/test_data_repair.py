@@ -83,7 +83,9 @@ def test_prepare_checks_only_the_files_that_changed(prepared, monkeypatch, capsy
     directory, cfg, _ = prepared
     hashed = []
     real = integrity.hash_shard
-    monkeypatch.setattr(integrity, "hash_shard", lambda p, n: hashed.append(p.name) or real(p, n))
+    monkeypatch.setattr(
+        integrity, "hash_shard", lambda p, n, *dtype: hashed.append(p.name) or real(p, n, *dtype)
+    )
     open_dir(directory)  # training verified every shard once
     n = len(hashed)
     assert n >= 4

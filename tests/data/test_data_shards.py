@@ -52,7 +52,9 @@ def test_checksums_are_cached_until_a_file_changes(prepared, monkeypatch):
     directory, _ = prepared
     calls = []
     real = integrity.hash_shard
-    monkeypatch.setattr(integrity, "hash_shard", lambda p, n: calls.append(p.name) or real(p, n))
+    monkeypatch.setattr(
+        integrity, "hash_shard", lambda p, n, *dtype: calls.append(p.name) or real(p, n, *dtype)
+    )
     n = len(list(directory.glob("*.bin")))
     assert n >= 3
     open_dir(directory)
@@ -90,6 +92,43 @@ def test_corruption_that_keeps_mtime_is_caught_by_full_verification(prepared):
         open_dir(directory, verify="full")
 
 
+def test_the_cached_check_catches_a_change_that_keeps_size_and_mtime(prepared):
+    """The quick check reads a sample of each file's 1 MiB blocks against their recorded hashes: a small
+    shard is read whole, so any change is caught without data.verify=full."""
+    directory, _ = prepared
+    open_dir(directory)  # caches size, mtime, sha256 and block hashes
+    path = directory / "val_000000.bin"
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(ShardError, match="val_000000.bin: sha256 .* does not match"):
+        open_dir(directory)
+
+
+def test_the_sampled_blocks_of_a_large_file_include_both_ends(tmp_path):
+    path = tmp_path / "train_000000.bin"
+    tokens = (12 * integrity.BLOCK_BYTES + 1000) // 2  # 13 blocks, the last one short
+    np.random.default_rng(0).integers(0, 50_000, tokens, dtype=np.uint16).tofile(path)
+    sha, top, blocks = integrity.hash_shard(path, tokens)
+    assert len(blocks) == 13 and sha == hashlib.sha256(path.read_bytes()).hexdigest()
+    cache = integrity.VerifiedCache(tmp_path)
+    cache.remember(path, sha, top, path.stat(), blocks)
+    assert cache.max_token(path, sha, path.stat()) == top
+    for _ in range(5):
+        chosen = integrity.sampled_blocks(13)
+        assert chosen[0] == 0 and chosen[-1] == 12 and len(chosen) == 10
+    st = path.stat()
+    with open(path, "r+b") as f:  # the last byte, in place
+        f.seek(st.st_size - 1)
+        last = f.read(1)
+        f.seek(st.st_size - 1)
+        f.write(bytes([last[0] ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert cache.max_token(path, sha, path.stat()) is None  # not vouched for: it is hashed again
+
+
 def test_truncated_shard(prepared):
     directory, _ = prepared
     path = directory / "train_000000.bin"
@@ -113,9 +152,9 @@ def test_shard_written_with_the_wrong_dtype(prepared):
 def test_manifest_with_an_unsupported_dtype(prepared):
     directory, _ = prepared
     m = _manifest(directory)
-    m["dtype"] = "uint32"
+    m["dtype"] = "float32"
     (directory / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ManifestError, match=r"manifest\.json: dtype 'uint32' is not supported"):
+    with pytest.raises(ManifestError, match=r"manifest\.json: dtype 'float32' is not supported"):
         open_dir(directory)
 
 

@@ -9,7 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
-from eval_fixtures import TINY
+from eval_fixtures import TINY, TINY_LLAMA, byte_bpe, write_checkpoint
 from hydra import compose, initialize_config_dir
 
 from mars.eval import results as results_io
@@ -54,6 +54,24 @@ def test_checkpoint_end_to_end_writes_results_and_table(run_dir, capsys, monkeyp
     assert other.name == "mine" and other.request["limit"] == 4
     saved = json.loads((run_dir / "ev4" / "results.json").read_text())
     assert saved["n-samples"]["mars_quiz"]["effective"] == 4
+
+
+def test_a_llama_checkpoint_is_scored_with_its_runs_tokenizer(tmp_path):
+    """The run's data.tokenizer, not GPT-2's: GPT-2's ids (up to 50256) would not fit this model's
+    320-token vocabulary."""
+    import dataclasses
+
+    import torch
+
+    from mars.model.llama import Llama
+
+    tok = byte_bpe(tmp_path / "tok")
+    torch.manual_seed(0)
+    model = Llama(dataclasses.replace(TINY_LLAMA, vocab_size=320))
+    run_dir = tmp_path / "llama_run"
+    write_checkpoint(run_dir, model, step=3, tokens=300, tokenizer=str(tok))
+    (result,) = run(config(f"ckpt={run_dir}", "tasks=smoke", "limit=4"))
+    assert result.step == 3 and 0.0 <= result.scores["mars_quiz"]["acc"] <= 1.0
 
 
 def test_compare_rows_side_by_side(run_dir, tmp_path, capsys):

@@ -20,7 +20,7 @@ def test_train_then_evaluate_the_run(tmp_path):
         "model.block_size=64", "train.max_steps=4", "train.batch_size=2", "train.global_batch_size=2",
         "train.eval_interval=0", "train.eval_steps=1", "train.log_interval=1", "train.ckpt_interval=0",
         "train.device=cpu", "train.progress=false", "logger=disabled", "downstream.tasks=[mars_quiz]",
-        "downstream.interval=2", "downstream.limit=8", f"hydra.run.dir={run}",
+        "downstream.interval=2", "downstream.limit=8", "schedule.warmup_steps=0", f"hydra.run.dir={run}",
     ]  # fmt: skip
     proc = subprocess.run(train, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -3,8 +3,9 @@
 import random
 
 import numpy as np
+import pytest
 import torch
-from eval_fixtures import tiny_gpt
+from eval_fixtures import tiny_gpt, tiny_llama, write_checkpoint
 
 from mars.checkpoint import load_model
 from mars.eval.harness import (
@@ -19,9 +20,15 @@ from mars.eval.tasks import LOCAL_TASKS_DIR
 from mars.model.hf import export_hf
 
 
-def test_in_memory_scores_equal_lm_eval_hf_backend_on_the_export(run_dir, tmp_path):
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_in_memory_scores_equal_lm_eval_hf_backend_on_the_export(run_dir, tmp_path, arch):
+    """GPT-2 through GPT2LMHeadModel, LLaMA through LlamaForCausalLM: the same numbers either way."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
+
+    if arch == "llama":
+        run_dir = tmp_path / "llama_run"
+        write_checkpoint(run_dir, tiny_llama(3), step=10, tokens=5120)
 
     hf_dir = export_hf(run_dir, tmp_path / "hf")
     model, _ = load_model(run_dir)

@@ -161,3 +161,58 @@ def test_empty_allocates_after_the_meta_hook_in_the_dtype_asked_with_the_head_ti
     assert seen == [torch.device("meta")]  # the hook ran before any storage existed
     assert all(p.device.type == "cpu" and p.dtype == torch.float64 for p in model.parameters())
     assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def tanh_gelu(x):
+    """GPT-2's GELU, written out: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def test_mlp_uses_gpt2s_tanh_gelu_by_default_and_the_exact_one_on_request():
+    x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
+    small = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=128)
+    tanh_mlp = GPT(GPTConfig(**small)).transformer.h[0].mlp
+    exact_mlp = GPT(GPTConfig(**small, activation="gelu")).transformer.h[0].mlp
+    exact = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+    torch.testing.assert_close(tanh_mlp.gelu(x), tanh_gelu(x), rtol=0, atol=1e-15)
+    torch.testing.assert_close(exact_mlp.gelu(x), exact, rtol=0, atol=1e-15)
+    assert (tanh_mlp.gelu(x) - exact_mlp.gelu(x)).abs().max() > 1e-4  # the two are told apart
+    with pytest.raises(ValueError, match="activation='relu' is not one of gelu_tanh, gelu"):
+        GPT(GPTConfig(**small, activation="relu"))
+
+
+def test_loss_of_a_float64_model_is_float64(make_model):
+    model = make_model().double()
+    targets = torch.randint(0, 128, (2, 8))
+    logits, loss = model(torch.randint(0, 128, (2, 8)), targets)
+    assert logits.dtype == loss.dtype == torch.float64
+    torch.testing.assert_close(loss, F.cross_entropy(logits.view(-1, 128), targets.view(-1)), rtol=0, atol=0)
+
+
+def test_model_json_from_before_the_activation_field_loads_as_exact_gelu(tmp_path, make_model):
+    import json
+
+    from mars.checkpoint import CheckpointError, load_model
+    from mars.model.io import save_model
+
+    save_model(make_model(), tmp_path)
+    cfg = json.loads((tmp_path / "model.json").read_text())
+    assert cfg["activation"] == "gelu_tanh"
+    del cfg["activation"]  # what every checkpoint written before the field holds: trained with exact GELU
+    (tmp_path / "model.json").write_text(json.dumps(cfg))
+    assert load_model(tmp_path)[0].config.activation == "gelu"
+    (tmp_path / "model.json").write_text(json.dumps({**cfg, "activation": "swish"}))
+    with pytest.raises(CheckpointError, match=r"model\.json: model\.activation='swish' is not one of"):
+        load_model(tmp_path)
+
+
+def test_a_run_from_before_the_activation_field_resumes_only_with_exact_gelu():
+    # its config.yaml has no model.activation: it trained with the exact GELU, and continuing it with
+    # the tanh default would change the function under its weights
+    from mars.train.resume import fixed_differences
+
+    saved = {"model": {"n_layer": 2, "n_head": 2, "n_embd": 32}, "train": {"seed": 1}}
+    now = {"model": {"arch": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32}, "train": {"seed": 1}}
+    tanh = fixed_differences(saved, {**now, "model": {**now["model"], "activation": "gelu_tanh"}}, 1, 1)
+    assert tanh == ["model.activation: 'gelu' -> 'gelu_tanh'"]
+    assert fixed_differences(saved, {**now, "model": {**now["model"], "activation": "gelu"}}, 1, 1) == []

@@ -138,16 +138,56 @@ def test_import_of_plain_hf_model_detects_bias_and_pads_vocab():
     assert not from_hf(zero_bias).config.bias
 
 
-def test_import_rejects_or_warns_on_other_architectures():
+def test_import_rejects_other_architectures():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     base = dict(
         vocab_size=128, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=None, eos_token_id=None
     )
-    with pytest.raises(ValueError, match=r"n_inner=32 .*activation_function='relu'"):
+    with pytest.raises(ValueError, match=r"n_inner=32 .*activation_function='relu' \(we take gelu_new, "):
         from_hf(GPT2LMHeadModel(GPT2Config(**base, n_inner=32, activation_function="relu")))
-    with pytest.warns(UserWarning, match="tanh GELU approximation"):
-        from_hf(GPT2LMHeadModel(GPT2Config(**base, activation_function="gelu_new")))
+
+
+def test_export_names_gpt2s_tanh_gelu(make_model):
+    assert to_hf(make_model()).config.activation_function == "gelu_new"  # as GPT-2's own config.json
+    assert to_hf(make_model(activation="gelu")).config.activation_function == "gelu"
+
+
+@pytest.mark.parametrize(
+    "hf_name, ours",
+    [
+        ("gelu_new", "gelu_tanh"),
+        ("gelu_pytorch_tanh", "gelu_tanh"),
+        ("gelu_fast", "gelu_tanh"),
+        ("gelu", "gelu"),
+    ],
+)
+def test_import_keeps_the_models_activation(hf_name, ours):
+    """Every Hugging Face spelling of the tanh GELU imports as ours, the exact one as activation="gelu":
+    the imported model computes what the Hugging Face one does, and exports back under the same form."""
+    import warnings
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(
+        vocab_size=VOCAB_SIZE, n_positions=16, n_embd=32, n_layer=2, n_head=2, activation_function=hf_name
+    )
+    hf = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # larger MLP inputs and outputs, and logits, so that the two forms differ
+        hf.transformer.wte.weight.mul_(20)
+        for block in hf.transformer.h:
+            block.mlp.c_fc.weight.mul_(20)
+            block.mlp.c_proj.weight.mul_(20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about: the function is the same
+        model = from_hf(hf)
+    assert model.config.activation == ours
+    idx = torch.randint(0, VOCAB_SIZE, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(real_logits(model, idx), hf(idx).logits, rtol=0, atol=1e-5)
+        other = variant(model, activation="gelu" if ours == "gelu_tanh" else "gelu_tanh")
+        assert (real_logits(other, idx) - hf(idx).logits).abs().max() > 1e-3  # the check can fail
+    assert to_hf(model).config.activation_function == ("gelu_new" if ours == "gelu_tanh" else "gelu")
 
 
 @pytest.fixture

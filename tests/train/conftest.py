@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,6 @@ def data_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("data")
     ensure_prepared(DataConfig(root=str(root)))
     return root
-
-
-@pytest.fixture
-def restore_logging():
-    """Hydra configures the root logger (a handler on the test's captured stdout): undo it after."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    for h in root.handlers[:]:
-        if h not in handlers:
-            root.removeHandler(h)
-            h.close()
-    root.setLevel(level)
 
 
 @pytest.fixture

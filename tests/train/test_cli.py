@@ -17,6 +17,15 @@ pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")
         (["train.max_steps=many"], ["train.max_steps=many", "could not be converted to Integer"]),
         (["train.batch_size=0"], ["train.batch_size=0 must be >= 1"]),
         (["train.batch_size=3", "train.global_batch_size=8"], ["not a multiple of train.batch_size"]),
+        # composition, not a traceback once the run dir exists: an interpolation the harness does not support
+        (["logger.wandb.name=${eval:1+1}"], ["Unsupported interpolation type eval", "logger.wandb.name"]),
+        (
+            ["train.max_steps=4", "schedule.warmup_steps=100"],
+            ["schedule.warmup_steps=100 is longer than the run (train.max_steps=4)"],
+        ),
+        (["data.val_tokens=0"], ["data.val_tokens=0 holds no validation window", "train.eval_steps=0"]),
+        (["data.verify=fast"], ["data.verify='fast' is not one of cached, full"]),
+        (["launch.gpus_per_job=1"], ["launch.gpus_per_job=1 places the jobs of a sweep", "torchrun"]),
     ],
 )
 def test_config_errors_exit_2_with_one_line(monkeypatch, capsys, tmp_path, args, fragments):

@@ -57,9 +57,10 @@ def test_every_group_combination_composes():
     count = 0
     for combo in itertools.product(*(nodes[g].values() for g in groups)):
         chosen = dict(zip(groups, combo, strict=True))
-        optimizer = chosen.pop("optimizer")  # its own schema: Hydra replaces the node, it does not merge
+        # optimizer and model have a schema per choice: Hydra replaces those nodes, it does not merge
+        optimizer, model = chosen.pop("optimizer"), chosen.pop("model")
         cfg = OmegaConf.merge(base, chosen, {"logger": next(loggers)})
-        cfg.optimizer = optimizer
+        cfg.optimizer, cfg.model = optimizer, model
         validate(cfg)
         count += 1
     assert count >= 5 * 4 * 8 * 4
@@ -95,6 +96,7 @@ def test_every_experiment_composes_and_validates():
             ["-m", "optimizer.lr=1e-3,2e-3", "train.batch_size=4,0"],
             "(sweep job optimizer.lr=0.001 train.batch_size=0)",
         ),
+        (["schedule.decay_steps=10", "schedule.warmup_steps=10"], "schedule.decay_steps=10 must be larger"),
     ],
 )
 def test_precheck_turns_bad_input_into_one_line(overrides, message):
@@ -106,8 +108,19 @@ def test_precheck_turns_bad_input_into_one_line(overrides, message):
 
 
 def test_precheck_passes_good_sweeps_and_hydra_flags():
-    precheck(["-m", "optimizer.gamma=0,0.025", "optimizer.lr=3e-3,6e-3"])
-    precheck(["--cfg", "job", "whatever.this=is"])  # Hydra's own modes are left to Hydra
+    plan = precheck(["-m", "optimizer.gamma=0,0.025", "optimizer.lr=3e-3,6e-3"])
+    assert plan.multirun and plan.out_dir.is_absolute() and plan.out_dir.parts[-3] == "multirun"
+    assert precheck(["--cfg", "job", "whatever.this=is"]) is None  # Hydra's own modes are left to Hydra
+
+
+def test_gpus_per_job_needs_a_sweep_and_enough_gpus():
+    import torch
+
+    with pytest.raises(ConfigError, match="ignored by a single run"):
+        precheck(["launch.gpus_per_job=2"])
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(ConfigError, match=r"launch.gpus_per_job=2 but this machine shows \d GPU"):
+            precheck(["-m", "launch.gpus_per_job=2", "train.seed=1,2"])
 
 
 def test_validate_checks_divisibility_against_the_world_size():
@@ -139,7 +152,8 @@ def test_one_line_collapses_multiline_errors():
 
 # ----------------------------------------------------------------------------- paper presets
 
-# docs/algorithms.md section 6, hard-coded: model shapes and the reference hyper-parameters.
+# docs/algorithms.md section 6, hard-coded: model shapes and the reference hyper-parameters (from the
+# reference's run configs, config/train_gpt2_*.py).
 SHAPES = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280), "xl": (48, 25, 1600)}
 LR = {  # size: AdamW lr, Muon lr, MARS lr, MARS lr_1d
     "small": (6e-4, 2e-2, 6e-3, 3e-3),
@@ -148,6 +162,7 @@ LR = {  # size: AdamW lr, Muon lr, MARS lr, MARS lr_1d
     "xl": (2e-4, None, 2e-3, 1e-3),
 }
 MUON_ADAMW_LR = {"small": 3e-3, "medium": 1.5e-3, "large": 1e-3}  # reference configs (not in the table)
+MIN_LR = {"small": 3e-5, "medium": 6e-5, "large": 1e-5, "xl": 1e-5}  # the configs' min_lr
 EXPECTED_PRESETS = {
     *(f"owt_{s}_{k}" for s in ("small", "medium", "large") for k in ("adamw", "muon", "mars")),
     "owt_small_mars_exact",
@@ -194,8 +209,9 @@ def test_paper_preset_matches_the_spec_table(name):
         assert list(o.betas_1d) == [0.9, 0.95]
     else:
         raise AssertionError(f"unknown preset kind {kind}")
-    assert (s.name, s.warmup_steps, s.decay_steps) == ("cosine", 2000, None)
-    assert s.min_lr == (1e-5 if size == "xl" else 3e-5)
-    assert (t.max_steps, t.global_batch_size, t.grad_clip, t.grad_reduction) == (100000, 480, 1.0, "sum")
+    # the reference loop runs iterations 0..max_iters inclusive, max_iters = lr_decay_iters = 100000
+    assert (s.name, s.warmup_steps, s.decay_steps, s.min_lr) == ("cosine", 2000, 100000, MIN_LR[size])
+    assert (t.max_steps, t.global_batch_size, t.grad_clip, t.grad_reduction) == (100001, 480, 1.0, "sum")
+    assert m.activation == "gelu_tanh"
     for world_size in (1, 2, 4, 8):  # the micro-batch fits every usual GPU count
         validate(cfg, world_size=world_size)

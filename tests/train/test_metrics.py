@@ -1,6 +1,7 @@
 import json
 import math
 
+import pytest
 import torch
 
 from mars.train import metrics
@@ -51,3 +52,20 @@ def test_disabled_wandb_logger_is_a_no_op(monkeypatch):
     assert logger.run is None and logger.run_id is None
     logger.log({"step": 1, "x": math.pi})  # a no-op
     logger.finish()
+
+
+def test_registered_metrics_are_read_as_floats_and_named(monkeypatch):
+    monkeypatch.setattr(metrics, "_REGISTERED", {})
+    model = torch.nn.Linear(3, 2)
+    metrics.register_metric("weights/norm", lambda m, o: torch.linalg.vector_norm(m.weight))
+    metrics.register_metric(
+        "opt", lambda m, o: {"groups": len(o.param_groups), "lr": o.param_groups[0]["lr"]}
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    values = metrics.logged_metrics(model, opt)
+    assert list(values) == ["weights/norm", "opt/groups", "opt/lr"]
+    assert values["weights/norm"] == pytest.approx(float(model.weight.detach().norm()))
+    assert values["opt/groups"] == 1.0 and values["opt/lr"] == 0.5
+    assert all(type(v) is float for v in values.values())
+    with pytest.raises(ValueError, match="is not a metrics.jsonl key"):
+        metrics.register_metric("/bad", lambda m, o: 0.0)

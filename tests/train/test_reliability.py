@@ -1,15 +1,21 @@
 """A run never silently trains something other than its config says, never loses a good checkpoint,
-and every bad input gets one clear line (README, "Reliability")."""
+and every bad input gets one clear line (docs/reliability.md)."""
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
+import shlex
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import assert_one_line, compose, run_cli, tiny_overrides
+from train_helpers import assert_one_line, compose, run_cli, subprocess_env, tiny_overrides
 
 import mars.checkpoint as ckpt
 from mars.train.distributed import DistInfo
@@ -81,19 +87,34 @@ def test_resume_applies_the_new_hyperparameters_and_logs_what_the_optimizer_used
 # ----------------------------------------------------------------------------- corrupt checkpoints
 
 
+def flip_a_weight_bit(weights: Path) -> None:
+    """A bit flip in the lowest mantissa byte of a float32 in the middle of model.safetensors: the value
+    stays finite, so only the checksum can tell."""
+    data = bytearray(weights.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # after the JSON header
+    data[start + 4 * ((len(data) - start) // 8)] ^= 1
+    weights.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncated train_state.pt", "a bit flip in the weights"])
 def test_resume_auto_falls_back_past_a_corrupt_checkpoint_and_says_so(
-    monkeypatch, capsys, tmp_path, data_root
+    monkeypatch, capsys, tmp_path, data_root, damage
 ):
     run = tmp_path / "run"
     trainer(data_root, run, max_steps=4, ckpt_interval=2, keep_last=3).fit()
     bad = run / "ckpt" / "step_00000004"
-    state = bad / "train_state.pt"
-    state.write_bytes(state.read_bytes()[:200])  # truncated
+    if damage == "truncated train_state.pt":
+        state = bad / "train_state.pt"
+        state.write_bytes(state.read_bytes()[:200])
+        fragment = f"{state} has 200 bytes"
+    else:
+        flip_a_weight_bit(bad / "model.safetensors")
+        fragment = f"{bad / 'model.safetensors'}: its bytes do not match the xxh3_128 checksum"
 
     explicit = [*tiny_overrides(data_root, max_steps=5), f"train.resume={bad}", f"hydra.run.dir={run}"]
     code, _, err = run_cli(monkeypatch, capsys, explicit)
     assert code == 1
-    assert_one_line(err, f"{state} is not a valid training-state file")
+    assert_one_line(err, fragment)
 
     args = [*tiny_overrides(data_root, max_steps=5), "train.resume=auto", f"hydra.run.dir={run}"]
     code, out, err = run_cli(monkeypatch, capsys, args)
@@ -192,3 +213,200 @@ def test_a_run_dir_that_cannot_be_created_is_one_line(monkeypatch, capsys, tmp_p
     code, _, err = run_cli(monkeypatch, capsys, [*tiny_overrides(data_root), f"hydra.run.dir={run}"])
     assert code == 2
     assert_one_line(err, "hydra.run.dir=", fragment)
+
+
+# ----------------------------------------------------------------------------- one run per run dir
+
+HOLD = """
+import sys, time
+from mars.train.runlock import hold
+with hold(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+@contextmanager
+def lock_holder(path: Path):
+    """Another live process that holds the run dir's lock (as a run does for its lifetime)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True, env=subprocess_env()
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_live_run_owns_its_run_dir_and_its_lock_dies_with_it(monkeypatch, capsys, tmp_path, data_root):
+    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    args = tiny_overrides(data_root, max_steps=1)
+    with lock_holder(run) as holder:
+        for extra in ([], ["train.resume=auto"]):  # a second run, and resume=auto of the live one
+            code, _, err = run_cli(monkeypatch, capsys, [*args, *extra, f"hydra.run.dir={run}"])
+            assert code == 1
+            assert_one_line(
+                err,
+                f"hydra.run.dir={run} is in use by a live run (process {holder.pid} on",
+                "another hydra.run.dir",
+            )
+        assert [p.name for p in run.iterdir()] == [".run.lock"]  # nothing was written
+        with lock_holder(sweep) as sweeper:  # a sweep owns its sweep dir
+            code, _, err = run_cli(
+                monkeypatch, capsys, ["-m", *args, "train.seed=1,2", f"hydra.sweep.dir={sweep}"]
+            )
+            assert code == 1
+            assert_one_line(err, f"hydra.sweep.dir={sweep} is in use by a live run (process {sweeper.pid}")
+        holder.kill()  # SIGKILL: nothing of the holder runs, yet its lock is gone with it
+        holder.wait()
+        code, _, err = run_cli(monkeypatch, capsys, [*args, f"hydra.run.dir={run}"])
+        assert code == 0, err
+        assert (run / "ckpt" / "step_00000001" / "meta.json").is_file()
+
+
+def test_a_checkpoint_at_or_past_max_steps(monkeypatch, capsys, tmp_path, data_root):
+    run = tmp_path / "run"
+    trainer(data_root, run, max_steps=4, ckpt_interval=2).fit()
+    metrics = (run / "metrics.jsonl").read_text()
+    resume = ["train.resume=auto", f"hydra.run.dir={run}"]
+    code, _, err = run_cli(monkeypatch, capsys, [*tiny_overrides(data_root, max_steps=2), *resume])
+    assert code == 1
+    assert_one_line(
+        err, "train.max_steps=2 is below the step of", "step_00000004 (4)", "raise train.max_steps above 4"
+    )
+    code, out, err = run_cli(monkeypatch, capsys, [*tiny_overrides(data_root, max_steps=4), *resume])
+    assert code == 0, err
+    assert "nothing to train: " in out and "step_00000004 is at step 4 = train.max_steps" in out
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert [p.name for p in ckpt.list_checkpoints(run / "ckpt")] == ["step_00000002", "step_00000004"]
+
+
+def test_another_split_of_the_shared_corpus_is_refused_and_nothing_is_rewritten(
+    monkeypatch, capsys, tmp_path, data_root
+):
+    run = tmp_path / "run"
+    trainer(data_root, run, max_steps=2).fit()
+    corpus = {p.name: p.stat().st_mtime_ns for p in (data_root / "embedded").iterdir()}
+    inside = sorted(p.name for p in run.iterdir())
+    args = [
+        *tiny_overrides(data_root, max_steps=4),
+        "data.val_tokens=5000",
+        "train.resume=auto",
+        f"hydra.run.dir={run}",
+    ]
+    code, _, err = run_cli(monkeypatch, capsys, args)
+    assert code == 1
+    assert_one_line(err, "data.val_tokens=20000, not data.val_tokens=5000", "data.dir=embedded_val5000")
+    assert {p.name: p.stat().st_mtime_ns for p in (data_root / "embedded").iterdir()} == corpus
+    assert sorted(p.name for p in run.iterdir()) == inside  # the run dir is untouched too
+
+
+def test_an_unwritable_data_root_is_one_line_before_the_run_dir(monkeypatch, capsys, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli(
+        monkeypatch, capsys, [*tiny_overrides(Path("/proc/mars-data")), f"hydra.run.dir={run}"]
+    )
+    assert code == 1
+    assert_one_line(err, "data.root=/proc/mars-data", "cannot be written", "choose a writable data.root")
+    assert not run.exists()
+
+
+def test_resume_auto_skips_unhealthy_checkpoints_and_says_which_it_continues(tmp_path, data_root, caplog):
+    from mars.train.rundir import choose_start
+
+    run = tmp_path / "run"
+    trainer(data_root, run, max_steps=3, ckpt_interval=1, keep_last=3).fit()
+    root = run / "ckpt"
+
+    def mark_unhealthy(step: int) -> None:  # as a save within train.health_window of an alarm does
+        path = root / f"step_{step:08d}" / "meta.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "healthy": False}))
+
+    mark_unhealthy(3)
+    mark_unhealthy(2)
+    cfg = compose([*tiny_overrides(data_root, max_steps=5), "train.resume=auto"])
+    with caplog.at_level(logging.INFO, logger="mars.train"):
+        assert choose_start(cfg, run, 1) == root / "step_00000001"
+    said = caplog.text
+    assert f"skipping {root / 'step_00000003'}: marked unhealthy" in said
+    assert f"skipping {root / 'step_00000002'}: marked unhealthy" in said
+    assert f"train.resume=auto: continuing from {root / 'step_00000001'} (step 1)" in said
+    assert [p.name for p in ckpt.list_checkpoints(root)] == ["step_00000001"]  # the others moved aside
+    moved = next(p for p in run.iterdir() if p.name.startswith("replaced-"))
+    assert sorted(p.name for p in (moved / "ckpt").iterdir()) == ["step_00000002", "step_00000003"]
+
+    mark_unhealthy(1)  # no healthy checkpoint left: refused, nothing moved
+    with pytest.raises(ckpt.CheckpointError, match=r"every usable checkpoint .* is marked unhealthy") as e:
+        choose_start(cfg, run, 1)
+    assert f"train.resume={root / 'step_00000001'}" in str(e.value)
+    assert [p.name for p in ckpt.list_checkpoints(root)] == ["step_00000001"]
+
+
+def test_divergence_advice_is_a_command_that_runs_as_printed(monkeypatch, capsys, tmp_path, data_root):
+    real = Trainer.forward_backward_step
+    poisoned = {"on": True}
+
+    def nan_from_step_13(self, step):  # steps 13, 14, 15 (0-based 12-14) get a non-finite grad norm
+        loss, norm = real(self, step)
+        return (loss, torch.full_like(norm, float("nan"))) if poisoned["on"] and step >= 12 else (loss, norm)
+
+    monkeypatch.setattr(Trainer, "forward_backward_step", nan_from_step_13)
+    run = tmp_path / "run"
+    args = tiny_overrides(data_root, max_steps=16, ckpt_interval=1, max_nonfinite_steps=3, health_window=3)
+    code, _, err = run_cli(monkeypatch, capsys, [*args, f"hydra.run.dir={run}"])
+    assert code == 1
+    assert_one_line(
+        err, "The trouble began at step 13", f"{run / 'ckpt' / 'step_00000012'}", "e.g. python train.py "
+    )
+    argv = shlex.split(err.strip().split("e.g. ", 1)[1])
+    assert argv[:2] == ["python", "train.py"]
+    assert f"train.resume={run / 'ckpt' / 'step_00000012'}" in argv and f"hydra.run.dir={run}" in argv
+
+    poisoned["on"] = False
+    code, out, err = run_cli(monkeypatch, capsys, argv[2:])  # exactly as printed
+    assert code == 0, err
+    assert f"resumed from {run / 'ckpt' / 'step_00000012'} at step 12" in out
+    lr = records(run, "lr")
+    assert sorted(lr) == list(range(1, 17)) and lr[13] < 0.6 * lr[12]  # the lower lr applies from step 13
+
+
+def test_a_second_ctrl_c_stops_at_once_with_one_line(monkeypatch, capsys, tmp_path, data_root):
+    real = Trainer.train_step
+
+    def ctrl_c_twice_at_step_3(self):
+        if self.state.step == 2:
+            self._on_signal(signal.SIGINT, None)  # the first Ctrl-C asks for a checkpoint at the step's end
+            self._on_signal(signal.SIGINT, None)  # the second stops at once
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", ctrl_c_twice_at_step_3)
+    run = tmp_path / "run"
+    code, _, err = run_cli(
+        monkeypatch,
+        capsys,
+        [*tiny_overrides(data_root, max_steps=5, ckpt_interval=1), f"hydra.run.dir={run}"],
+    )
+    assert code == 130
+    assert_one_line(
+        err, "interrupted by Ctrl-C: stopped at once, without saving", "continue with python train.py"
+    )
+    assert f"hydra.run.dir={run}" in err
+    assert [p.name for p in ckpt.list_checkpoints(run / "ckpt")] == ["step_00000001", "step_00000002"]
+
+
+def test_a_sweep_into_a_sweep_dir_that_holds_runs_is_refused_before_hydra_writes(
+    monkeypatch, capsys, tmp_path, data_root
+):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *tiny_overrides(data_root, max_steps=1), "train.seed=1", f"hydra.sweep.dir={sweep}"]
+    assert run_cli(monkeypatch, capsys, args)[0] == 0
+    recorded = (sweep / "0" / ".hydra" / "config.yaml").read_text()
+    code, _, err = run_cli(monkeypatch, capsys, [*args, "optimizer.lr=1e-4"])
+    assert code == 1
+    assert_one_line(err, f"hydra.sweep.dir={sweep} already holds runs (0/)", "train.resume=auto")
+    assert (sweep / "0" / ".hydra" / "config.yaml").read_text() == recorded  # the old record is intact
+    code, out, err = run_cli(monkeypatch, capsys, [*args, "train.resume=auto"])  # continuing it is fine
+    assert code == 0, err
+    assert "nothing to train" in out

@@ -6,10 +6,13 @@ from mars.train.config import ConfigError, ScheduleConfig
 from mars.train.schedule import LRSchedule
 
 
-def test_warmup_is_linear_and_reaches_the_peak():
-    s = LRSchedule("cosine", warmup_steps=4, decay_steps=20, min_factor=0.1)
-    assert [s(i) for i in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
-    assert s(4) == pytest.approx(1.0)  # first decay step starts at the peak
+@pytest.mark.parametrize("name", ["cosine", "linear", "wsd", "constant"])
+def test_warmup_is_the_reference_loops(name):
+    """lr = peak * step / warmup for step < warmup (train_mars.py's get_lr): step 0 runs at lr 0,
+    the peak comes at step `warmup`, and every schedule shares this warmup."""
+    s = LRSchedule(name, warmup_steps=4, decay_steps=20, min_factor=0.1)
+    assert [s(i) for i in range(4)] == [0.0, 0.25, 0.5, 0.75]
+    assert s(4) == 1.0  # the first step after warmup is the peak, where the decay starts
 
 
 def test_cosine_decays_to_min_and_stays_there():
@@ -39,7 +42,7 @@ def test_wsd_holds_then_decays_over_the_last_fraction():
 
 def test_constant_after_warmup():
     s = LRSchedule("constant", warmup_steps=3, decay_steps=10, min_factor=0.5)
-    assert [s(i) for i in (0, 2, 3, 9, 1000)] == pytest.approx([1 / 3, 1.0, 1.0, 1.0, 1.0])
+    assert [s(i) for i in (0, 2, 3, 9, 1000)] == pytest.approx([0.0, 2 / 3, 1.0, 1.0, 1.0])
 
 
 def test_from_config_turns_absolute_min_lr_into_a_factor():

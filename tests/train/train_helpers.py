@@ -30,7 +30,7 @@ def tiny_overrides(data_root, **train) -> list[str]:
         *TINY_MODEL,
         f"data.root={data_root}",
         "logger=disabled",
-        "schedule.warmup_steps=2",
+        f"schedule.warmup_steps={min(2, values['max_steps'])}",  # never longer than the run
         *(f"train.{k}={'null' if v is None else v}" for k, v in values.items()),
     ]
 

@@ -1,0 +1,158 @@
+"""Data sources by name: ``data.name`` -> the Source class that builds, checks and records that source.
+
+    register_source("my_corpus", MyCorpus)      # or @register_source("my_corpus") on the class
+    source_names()                               # ('embedded', 'openwebtext', 'fineweb_edu', 'local', ...)
+    source_class(name, hf_path)                  # the class data.name=name selects
+    get_source(cfg)                              # source_class(cfg.name, cfg.hf_path).from_config(cfg)
+
+The built-in sources (mars.data.sources) register themselves the first time a name is looked up or
+registered. A ``data.name`` that is not registered but comes with ``data.hf_path`` is a Hugging Face
+dataset of that name (mars.data.sources.HFSource), prepared into ``data/NAME``: a new Hugging Face
+dataset is one configs/data/NAME.yaml and no code. This module imports nothing heavy, so a plugin
+that only registers a source costs nothing to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mars.data.errors import SourceError
+
+if TYPE_CHECKING:
+    from mars.data.config import DataConfig
+    from mars.data.sources import Source
+
+# A source's name is also its dataset directory's (data/NAME) and a Hydra config name.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_BUILTINS = "mars.data.sources"  # registers embedded, openwebtext, fineweb_edu, local on import
+
+_registry: dict[str, type[Source]] = {}
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True  # first: the module registers through register_source while it loads
+        importlib.import_module(_BUILTINS)
+        from mars.plugins import load_plugins
+
+        load_plugins()  # sources registered by MARS_PLUGINS modules or installed mars.plugins entry points
+
+
+def register_source(name: str, source: Any = None) -> Any:
+    """Make ``data.name=NAME`` select ``source``: a Source subclass, or a function DataConfig -> Source.
+
+    Used as a decorator when ``source`` is omitted (``@register_source("my_corpus")``). A class decides
+    how it is built and checked from the data config (``from_config``), what the manifest records about
+    the request (``requested``) and the defaults null stands for (``config_defaults``); a function is
+    wrapped in a Source subclass with the base class's choices. Registering a name twice with another
+    source is an error; registering the same one again does nothing.
+    """
+    if source is None:
+        return lambda cls: register_source(name, cls)
+    from mars.data.sources import Source
+
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValueError(
+            f"register_source: {name!r} cannot name a data source: it becomes data/NAME and configs/data/"
+            "NAME.yaml, so use letters, digits, '.', '_' and '-', starting with a letter or digit"
+        )
+    if isinstance(source, type) and issubclass(source, Source):
+        cls = source
+    elif callable(source) and not isinstance(source, type):
+        cls = _from_factory(name, source)
+    else:
+        raise TypeError(
+            f"register_source({name!r}, ...): expected a mars.data.Source subclass or a function "
+            f"DataConfig -> Source, got {source!r}"
+        )
+    _load_builtins()
+    known = _registry.get(name)
+    if known is not None and known is not cls and getattr(known, "_factory", None) is not source:
+        raise ValueError(
+            f"register_source: data source {name!r} is already registered "
+            f"({known.__module__}.{known.__qualname__}); choose another name"
+        )
+    if known is None:
+        _registry[name] = cls
+    return source
+
+
+def _from_factory(name: str, factory: Callable[[DataConfig], Source]) -> type[Source]:
+    from mars.data.sources import Source
+
+    def from_config(cls, cfg: DataConfig) -> Source:
+        return factory(cfg)
+
+    return type(
+        f"FactorySource_{name}",
+        (Source,),
+        {"from_config": classmethod(from_config), "_factory": factory, "__module__": factory.__module__},
+    )
+
+
+def source_names() -> tuple[str, ...]:
+    """The registered source names: the built-ins first, then others in registration order."""
+    _load_builtins()
+    return tuple(_registry)
+
+
+def unknown_source(name: Any) -> SourceError:
+    """The one line for a ``data.name`` that selects no source."""
+    return SourceError(
+        f"data.name={name!r} is not a known source; choose one of {', '.join(source_names())} "
+        "(configs/data/NAME.yaml), give data.hf_path for a Hugging Face dataset of that name, or "
+        "register your own with mars.data.register_source"
+    )
+
+
+def find_source(name: Any, hf_path: str | None = None) -> type[Source] | None:
+    """The class ``data.name=name`` selects, or None; with ``hf_path`` an unregistered name is HFSource."""
+    _load_builtins()
+    if not isinstance(name, str):
+        return None
+    if name in _registry:
+        return _registry[name]
+    if hf_path and NAME_RE.match(name):
+        from mars.data.sources import HFSource
+
+        return HFSource
+    return None
+
+
+def source_class(name: Any, hf_path: str | None = None) -> type[Source]:
+    """``find_source``, raising a one-line SourceError naming the known sources when there is none."""
+    cls = find_source(name, hf_path)
+    if cls is not None:
+        return cls
+    if hf_path and isinstance(name, str):
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-") or "my_dataset"
+        raise SourceError(
+            f"data.name={name!r} names the dataset's directory (data/NAME): use letters, digits, '.', '_' "
+            f"and '-', e.g. data.name={slug}"
+        )
+    raise unknown_source(name)
+
+
+def get_source(cfg: DataConfig) -> Source:
+    """The document source ``cfg.name`` selects, built and checked before any work is done."""
+    return source_class(cfg.name, cfg.hf_path).from_config(cfg)
+
+
+def store_config_options(configs_dir: Any) -> None:
+    """Make ``data=NAME`` selectable for each registered source with no configs/data/NAME.yaml (one a
+    plugin registered): stored in Hydra's ConfigStore as the data defaults with ``name: NAME``."""
+    from pathlib import Path
+
+    from hydra.core.config_store import ConfigStore
+
+    from mars.data.config import DataConfig
+
+    store = ConfigStore.instance()
+    for name in source_names():
+        if not (Path(configs_dir) / "data" / f"{name}.yaml").is_file():
+            store.store(group="data", name=name, node=DataConfig(name=name))

@@ -1,0 +1,90 @@
+"""One run per run dir: a run holds an OS lock on its run dir for as long as it lives.
+
+The lock is ``fcntl.flock`` on RUN_DIR/.run.lock (the same mechanism as the GPU slots of a sweep,
+mars/train/launch.py): the kernel drops it when the process ends, however it ends (a crash, SIGKILL,
+power loss), so a stale lock cannot exist and nothing has to be cleaned up. The file itself stays,
+holding the last holder's pid, host, start time and command, which a refused run quotes. It is taken
+before Hydra writes anything into the run dir (mars.train.cli.main) and again, re-entrantly, by the
+job itself (mars.train.cli.run: every job of a sweep, each in its own run dir). Under torchrun only
+rank 0 takes it: the other ranks share rank 0's run dir and live no longer than rank 0's job.
+A -m sweep also holds its sweep dir, so two sweeps cannot write into one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_FILE = ".run.lock"
+
+_held: dict[Path, int] = {}  # run dirs this process holds -> the lock file's descriptor
+
+
+class RunDirBusyError(RuntimeError):
+    """Another live process holds the run dir."""
+
+
+def _holder(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        info = json.loads(os.read(fd, 1 << 16).decode("utf-8") or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "another process (it has not recorded its pid yet)"
+    text = f"process {info['pid']} on {info.get('host', '?')}, started {info.get('started', '?')}"
+    if info.get("command"):
+        text += f": {info['command']}"
+    return text
+
+
+def held(run_dir: str | os.PathLike) -> bool:
+    """True when this process holds the lock of run_dir."""
+    return Path(run_dir).resolve() in _held
+
+
+@contextmanager
+def hold(run_dir: str | os.PathLike, key: str = "hydra.run.dir"):
+    """Hold run_dir for the block (created if missing); RunDirBusyError when a live process holds it.
+    Re-entrant within a process. `key` names the setting to change in the refusal."""
+    path = Path(run_dir).resolve()
+    if path in _held:
+        yield path
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # not truncated: it names the holder
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise RunDirBusyError(
+            f"{key}={path} is in use by a live run ({holder}); a run dir holds one run at a time: wait "
+            f"for that run to end (to continue it then: train.resume=auto), or choose another {key}"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])[:500],
+    }
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+    except OSError:
+        pass  # the lock holds without the note
+    _held[path] = fd
+    try:
+        yield path
+    finally:
+        del _held[path]
+        os.close(fd)  # releases the lock

@@ -30,6 +30,9 @@ torch.compile of a whole training step (approximate mode; exact mode runs its st
 FSDP2-sharded (DTensor) parameters are updated exactly as whole ones (_dist.py, _correction.py).
 """
 
+import importlib as _importlib
+import pkgutil as _pkgutil
+
 from . import adamw, lion, mars, mars_m, muon, rules  # noqa: F401 - each module registers its optimizer(s)
 from ._dist import state_bytes
 from .adamw import AdamWConfig
@@ -42,6 +45,12 @@ from .muon import Moonlight, MoonlightConfig, Muon, MuonConfig
 from .newton_schulz import newton_schulz
 from .registry import REFERENCE_NAMES, build_optimizer, make_config, optimizer_names, register, registered
 from .scheduled import keep_lr_1d_ratio, set_gamma, set_lr_factor
+
+# Every public module of this package is imported, so a new optimizer module registers itself without
+# an import line here (adding an optimizer: that module plus configs/optimizer/NAME.yaml).
+for _module in _pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        _importlib.import_module(f"{__name__}.{_module.name}")
 
 OPTIMIZER_NAMES = optimizer_names()
 

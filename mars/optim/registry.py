@@ -10,7 +10,7 @@ fields straight to the constructor, with the reference grouping of the model's p
 Adding an optimizer means one module that defines the optimizer class (or a factory function), its
 config dataclass and calls `register(...)` at its end (a builder function build(model, cfg,
 process_group=None) is taken too, for an optimizer whose keywords differ from its config's fields);
-then import the module in mars/optim/__init__.py and add configs/optimizer/NAME.yaml. The training
+then add configs/optimizer/NAME.yaml (the package imports each of its public modules). The training
 config gets a Hydra schema per registered optimizer (mars.train.config), so a key the chosen
 optimizer does not take fails when the config is composed. A variant defined outside the package
 (e.g. a MARS subclass with another c_t) registers the same way, under a new name.
@@ -138,6 +138,10 @@ def optimizer_names() -> tuple[str, ...]:
 
 
 def registered(name: str) -> Registered:
+    if name not in _REGISTRY:  # perhaps a plugin's (MARS_PLUGINS), not imported yet
+        from mars.plugins import load_plugins
+
+        load_plugins()
     if name not in _REGISTRY:
         raise ValueError(f"unknown optimizer name {name!r}: expected one of {', '.join(_REGISTRY)}")
     return _REGISTRY[name]

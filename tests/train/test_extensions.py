@@ -111,7 +111,7 @@ def test_a_plugin_optimizer_metric_and_source_train_through_train_py(plugin_env,
         "optimizer=mars_adamw",
         f"optimizer.gamma={GAMMA * (1 - BETA1) / BETA1!r}",
     )
-    config = (sweep / "plain" / "config.yaml").read_text()
+    config = (sweep / "plain" / ".hydra" / "config.yaml").read_text()
     assert "name: mars_plain" in config and "name: lines" in config
 
     train_lines = [r for r in variant if "train/loss" in r]

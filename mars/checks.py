@@ -63,6 +63,16 @@ def fraction(key: str, value: Any, *, closed: bool = False) -> None:
         fail(key, value, f"must lie in [0, 1{']' if closed else ')'}")
 
 
+def fraction_pair(key: str, value: Any) -> None:
+    """A pair [beta1, beta2] of numbers in [0, 1) (Adam-style betas)."""
+    if not (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(is_number(b) and 0.0 <= b < 1.0 for b in value)
+    ):
+        fail(key, value, "must be a pair [beta1, beta2] of numbers in [0, 1)")
+
+
 def choice(key: str, value: Any, allowed: Iterable[str], what: str = "") -> None:
     """One of `allowed`."""
     allowed = tuple(allowed)

@@ -6,10 +6,11 @@
 
 Every row times optimizer.step() alone (gradients are fixed random tensors) as the median of
 --steps steps after --warmup steps; the first step, which includes torch.compile warm-up, is
-reported separately. Ratios are to torch.optim.AdamW(fused=True) on the same tensors, and for
-MARS-Shampoo / MARS-M also to the matching baseline: Muon on the same tensors (all matrices,
-embeddings included, as MARS-Shampoo) and Moonlight; MARS-AdamW with diagnostics on is compared
-with MARS-AdamW. state_bytes_per_param counts every tensor in optimizer.state (gradients and
+reported separately. Ratios are to torch.optim.AdamW(fused=True) on the same tensors, stepped right
+before each timed step of the row (paired: both medians under the same load of a shared machine),
+and for MARS-Shampoo / MARS-M also to the matching baseline: Muon on the same tensors (all
+matrices, embeddings included, as MARS-Shampoo) and Moonlight; MARS-AdamW with diagnostics on is
+compared with MARS-AdamW. state_bytes_per_param counts every tensor in optimizer.state (gradients and
 parameters excluded).
 """
 
@@ -78,22 +79,27 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_row(name, model, n_params, steps, warmup, device, process_group=None):
-    opt = build(name, model, process_group)
+def _timed_step(opt, device) -> float:
     sync(device)
     t0 = time.perf_counter()
     opt.step()
     sync(device)
-    first = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def time_row(name, model, n_params, steps, warmup, device, process_group=None, paired=None):
+    """Median step time of row `name`. paired: another optimizer (fused AdamW) stepped right before
+    each timed step of this one, so that both medians are taken under the same machine load (a
+    shared machine's load moves within seconds); its median is returned as "paired_ms_per_step"."""
+    opt = build(name, model, process_group)
+    first = _timed_step(opt, device)
     for _ in range(max(warmup - 1, 0)):
         opt.step()
-    times = []
+    times, paired_times = [], []
     for _ in range(steps):
-        sync(device)
-        t0 = time.perf_counter()
-        opt.step()
-        sync(device)
-        times.append(time.perf_counter() - t0)
+        if paired is not None:
+            paired_times.append(_timed_step(paired, device))
+        times.append(_timed_step(opt, device))
     row = {
         "name": name,
         "description": ROWS[name][1],
@@ -102,6 +108,8 @@ def time_row(name, model, n_params, steps, warmup, device, process_group=None):
         "state_bytes_per_param": state_bytes(opt) / n_params,
         "state_bytes": state_bytes(opt),
     }
+    if paired is not None:
+        row["paired_ms_per_step"] = 1e3 * statistics.median(paired_times)
     del opt
     return row
 
@@ -156,10 +164,14 @@ def main(argv=None) -> int:
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; {args.steps} timed steps"
     )
 
-    rows = {}
+    rows = {"adamw_fused": time_row("adamw_fused", model, n_params, args.steps, args.warmup, device)}
+    adamw = build("adamw_fused", model)  # stepped alongside every other row: its ratio is paired
+    for _ in range(args.warmup):
+        adamw.step()
     for name in names:
-        rows[name] = time_row(name, model, n_params, args.steps, args.warmup, device)
-    adamw_ms = rows["adamw_fused"]["ms_per_step"]
+        if name != "adamw_fused":
+            rows[name] = time_row(name, model, n_params, args.steps, args.warmup, device, paired=adamw)
+    del adamw
     header = (
         f"{'optimizer':<24} {'ms/step':>10} {'x AdamW':>8} {'x base':>7} {'baseline':<18} "
         f"{'1st step ms':>11} {'B/param':>8}"
@@ -168,9 +180,12 @@ def main(argv=None) -> int:
     print("-" * len(header))
     for name, row in rows.items():
         base = BASELINES.get(name, "adamw_fused")
+        adamw_ms = row.get("paired_ms_per_step", rows["adamw_fused"]["ms_per_step"])
         row["baseline"] = base
-        row["ratio_to_baseline"] = row["ms_per_step"] / rows[base]["ms_per_step"]
         row["ratio_to_adamw"] = row["ms_per_step"] / adamw_ms
+        row["ratio_to_baseline"] = (
+            row["ms_per_step"] / rows[base]["ms_per_step"] if base != "adamw_fused" else row["ratio_to_adamw"]
+        )
         print(
             f"{name:<24} {row['ms_per_step']:>10.1f} {row['ratio_to_adamw']:>8.2f} "
             f"{row['ratio_to_baseline']:>7.2f} {base:<18} {row['first_step_ms']:>11.0f} "

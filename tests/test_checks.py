@@ -14,6 +14,7 @@ from mars.checks import (
     choice,
     finite_non_negative,
     fraction,
+    fraction_pair,
     get,
     multiple_of,
     reported_as,
@@ -41,6 +42,14 @@ from mars.checks import (
         (
             lambda: fraction("schedule.decay_fraction", 1.5, closed=True),
             "schedule.decay_fraction=1.5 must lie in [0, 1]",
+        ),
+        (
+            lambda: fraction_pair("optimizer.betas", [0.9, 1.0]),
+            "optimizer.betas=[0.9, 1.0] must be a pair [beta1, beta2] of numbers in [0, 1)",
+        ),
+        (
+            lambda: fraction_pair("optimizer.betas", [0.9]),
+            "optimizer.betas=[0.9] must be a pair [beta1, beta2] of numbers in [0, 1)",
         ),
         (
             lambda: choice("data.verify", "fast", ("cached", "full")),

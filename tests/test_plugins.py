@@ -1,6 +1,6 @@
 """mars.plugins: modules named in MARS_PLUGINS are imported once, before configs are composed; one that
 cannot be imported is one line naming it. (Training with a plugin's optimizer and metric through
-train.py: tests/test_extensions.py.)"""
+train.py: tests/train/test_extensions.py.)"""
 
 from __future__ import annotations
 

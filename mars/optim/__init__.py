@@ -6,16 +6,20 @@
     Muon        Muon with AdamW for embeddings, head and 1-D tensors                (muon.py)
     Moonlight   the Moonlight form of Muon                                          (muon.py)
     AdamW       torch.optim.AdamW, registered with its config                       (adamw.py)
-    registry    name -> config dataclass + builder; build_optimizer(model, cfg)    (registry.py)
+    rules       every update rule, written once (c_t, its clip, AdamW, Lion, momenta)   (rules.py)
+    registry    name -> config dataclass + optimizer; build_optimizer(model, cfg)  (registry.py)
     param_groups                    the reference grouping                              (groups.py)
     set_lr_factor, set_gamma        the trainer's schedule hooks                        (scheduled.py)
     keep_lr_1d_ratio                step pre-hook: MARS's lr_1d follows a torch lr_scheduler  (scheduled.py)
     newton_schulz                   batched quintic Newton-Schulz                    (newton_schulz.py)
 
-Each optimizer's module defines its class, its config dataclass (the `optimizer.*` keys it takes)
-and registers both; adding an optimizer is one module plus configs/optimizer/NAME.yaml.
+Each optimizer's module defines its class, its config dataclass (the `optimizer.*` keys it takes,
+which are also its constructor's keywords) and registers both; adding an optimizer is one module
+plus configs/optimizer/NAME.yaml. Each update rule is one function in rules.py, which both the
+compiled kernels and the multi-tensor path run (_kernels.py). A variant with another c_t is a
+subclass of MARS or MARSM that overrides `correction` (see their docstrings), registered the same way.
 
-Exact mode: `optimizer.needs_previous_grads` is True for MARS/MARSM with is_approx=False; the loop
+Exact mode: `optimizer.needs_previous_grads` is True for MARS/MARSM with approx=False; the loop
 then calls `optimizer.stash_previous_grads()` with the next batch's gradient before each step()
 (docs/algorithms.md section 5; runnable loop in the MARS docstring).
 
@@ -26,7 +30,10 @@ torch.compile of a whole training step (approximate mode; exact mode runs its st
 FSDP2-sharded (DTensor) parameters are updated exactly as whole ones (_dist.py, _correction.py).
 """
 
-from . import adamw, lion, mars, mars_m, muon  # noqa: F401 - each registers its optimizer(s)
+import importlib as _importlib
+import pkgutil as _pkgutil
+
+from . import adamw, lion, mars, mars_m, muon, rules  # noqa: F401 - each module registers its optimizer(s)
 from ._dist import state_bytes
 from .adamw import AdamWConfig
 from .config import GammaScheduleConfig
@@ -36,8 +43,14 @@ from .mars import MARS, MARSConfig, MARSLionConfig, MARSShampooConfig
 from .mars_m import MARSM, MARSMConfig
 from .muon import Moonlight, MoonlightConfig, Muon, MuonConfig
 from .newton_schulz import newton_schulz
-from .registry import build_optimizer, make_config, optimizer_names, registered
+from .registry import REFERENCE_NAMES, build_optimizer, make_config, optimizer_names, register, registered
 from .scheduled import keep_lr_1d_ratio, set_gamma, set_lr_factor
+
+# Every public module of this package is imported, so a new optimizer module registers itself without
+# an import line here (adding an optimizer: that module plus configs/optimizer/NAME.yaml).
+for _module in _pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        _importlib.import_module(f"{__name__}.{_module.name}")
 
 OPTIMIZER_NAMES = optimizer_names()
 
@@ -45,6 +58,7 @@ __all__ = [
     "MARS",
     "MARSM",
     "OPTIMIZER_NAMES",
+    "REFERENCE_NAMES",
     "AdamWConfig",
     "GammaScheduleConfig",
     "Lion",
@@ -63,7 +77,9 @@ __all__ = [
     "newton_schulz",
     "optimizer_names",
     "param_groups",
+    "register",
     "registered",
+    "rules",
     "set_gamma",
     "set_lr_factor",
     "state_bytes",

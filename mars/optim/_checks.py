@@ -76,3 +76,14 @@ def real_floating(owner: str, p) -> None:
         f"{owner} does not support a parameter of shape {tuple(p.shape)} and dtype {p.dtype}: it "
         f"updates real floating-point tensors (float32, float64, bfloat16, float16); {fix}"
     )
+
+
+def correction(owner: str, cls: type) -> None:
+    """An optimizer's c_t (`correction`) must be a static method: the kernels compile one per function."""
+    import inspect
+
+    if not isinstance(inspect.getattr_static(cls, "correction", None), staticmethod):
+        raise TypeError(
+            f"{cls.__name__}.correction must be a @staticmethod correction(g, g_prev, gamma, beta) returning "
+            f"c_t (see {owner}'s docstring)"
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -53,6 +55,33 @@ def advance_steps(states: list[dict], step: int | None) -> int | list[Tensor]:
     counters = [s["step"] for s in states]
     torch._foreach_add_(counters, 1.0)
     return counters if step is None else step
+
+
+def adam_hyper(
+    *, lr, weight_decay, betas, eps: float, step, params: list[Tensor], eps_form: str = "torch"
+) -> dict:
+    """The hyperparameters of rules.adamw for a bucket that reaches step `step` (its common count, or
+    inside torch.compile the list of its step counters): the bias corrections are numbers, or per
+    tensor 0-dim tensors computed in float64 and handed over in the compute dtype.
+    eps_form "torch": m / (sqrt(v / bc2) + eps) / bc1 (torch, MARS); "moonlight": m / (sqrt(v) + eps)
+    * sqrt(bc2) / bc1, eps not bias-corrected (Moonlight, MARS-M), i.e. eps / sqrt(bc2) in the former."""
+    beta1, beta2 = betas
+    if isinstance(step, list):
+        bc1, bc2_sqrt = [], []
+        for count, p in zip(step, params, strict=True):
+            t = count.to(torch.float64)
+            dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+            bc1.append((1.0 - beta1**t).to(device=p.device, dtype=dtype))
+            bc2_sqrt.append((1.0 - beta2**t).sqrt().to(device=p.device, dtype=dtype))
+        if eps_form != "torch":
+            eps = [eps / b for b in bc2_sqrt]
+    else:
+        bc1, bc2_sqrt = 1.0 - beta1**step, math.sqrt(1.0 - beta2**step)
+        if eps_form != "torch":
+            eps = eps / bc2_sqrt
+    return dict(
+        lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, bc1=bc1, bc2_sqrt=bc2_sqrt, eps=eps
+    )
 
 
 def traced(value: float, like: Tensor):

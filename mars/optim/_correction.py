@@ -1,17 +1,19 @@
-"""The variance-reduction correction c_t = g_t + k (g_t - g_prev), k = gamma beta / (1 - beta), shared by
-MARS and MARS-M: the per-tensor clip of c_t from whole-tensor norms, and the MARS diagnostics.
+"""The per-tensor clip of the MARS correction c_t (rules.clipped) and the MARS diagnostics, shared by
+MARS and MARS-M.
 
-A step of MARS / MARS-M first computes ||c||^2 for every tensor on the MARS path (one reduction
-kernel per tensor, or multi-tensor ops), stacks them into one vector and, when the parameters are
-sharded (FSDP2 DTensors), sums that vector over the shards in ONE all-reduce; the update kernels
-then take each tensor's scale 1 / max(||c||, 1). The result is the same whether a tensor is whole or
-split over ranks, and the norm costs no more memory traffic than computing it inside the update.
+The clip c~ = c / max(||c||, 1) needs the norm of each whole tensor before its update. A step first
+computes ||c||^2 of every tensor on the MARS path in one pass over g and g_prev
+(rules.correction_sq_norm: one compiled reduction over c per large tensor, multi-tensor ops for the
+rest), stacks them into one vector and, when the parameters are sharded (FSDP2 DTensors), sums it
+over the shards in ONE all-reduce per step; the updates then take each tensor's factor
+1 / max(||c||, 1) (rules.clip_scale). The result is the same whether a tensor is whole or split over
+ranks. The clip uses ||c||^2 of c itself, so any c_t is clipped the same way.
 
-Diagnostics (diagnostics=True) add three sums per tensor, (||g||^2, ||g_prev||^2, <g, g_prev>),
-reduced in the same all-reduce, and fold the step's figures into an accumulator on the device:
-nothing is read back until `Diagnostics.read()` (the trainer calls it at log steps only). From
-c = (1 + k) g - k g_prev:  ||c - g|| = k ||g - g_prev||,  ||g - g_prev||^2 = ||g||^2 + ||g_prev||^2
-- 2 <g, g_prev>. Reported (means over the steps since the last read; the max over them):
+Diagnostics (diagnostics=True) take one more pass over g and g_prev (rules.correction_stats: ||c||^2,
+||g||^2, ||g_prev||^2, ||g - g_prev||^2, ||c - g||^2 per tensor, summed over the shards in the same
+all-reduce) and fold the step's figures into an accumulator on the device; nothing is read back until
+`Diagnostics.read()` (the trainer calls it at log steps only). The updates do not depend on them.
+Reported (means over the steps since the last read; the max for c_norm_max):
   mars/c_norm_mean, mars/c_norm_max  ||c|| over the MARS tensors (before the clip)
   mars/clip_fraction                  fraction of MARS tensors with ||c|| > 1 (clipped when clip_c)
   mars/grad_cos                       cosine between g_t and g_prev over all MARS tensors together
@@ -20,12 +22,13 @@ c = (1 + k) g - k g_prev:  ||c - g|| = k ||g - g_prev||,  ||g - g_prev||^2 = ||g
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from . import _dist, _kernels
+from . import _dist, _kernels, rules
 
 DIAGNOSTIC_KEYS = (
     "mars/c_norm_mean",
@@ -34,58 +37,56 @@ DIAGNOSTIC_KEYS = (
     "mars/grad_cos",
     "mars/correction_ratio",
 )
+# the columns of rules.correction_stats: ||c||^2, ||g||^2, ||g_prev||^2, ||g - g_prev||^2, ||c - g||^2
+C2, G2, P2, D2, CG2 = range(5)
 
 
 @dataclass
 class Work:
-    """One bucket of tensors on the MARS path: local views of gradients and previous gradients."""
+    """One bucket of tensors on the MARS path: local views of gradients and previous gradients, and
+    what c_t is for them."""
 
     grads: list[Tensor]
     prevs: list[Tensor]
-    k: float | Tensor
+    correction: Callable
+    gamma: float | Tensor
+    beta: float
     clip: bool
     fused: bool | None
 
+    def table(self, rule) -> Tensor:
+        return _kernels.norms(
+            rule,
+            [self.grads, self.prevs],
+            fused=self.fused,
+            options={"correction": self.correction},
+            gamma=self.gamma,
+            beta=self.beta,
+        )
 
-def scales_and_stats(
-    work: list[Work], sharding, diagnostics: Diagnostics | None
-) -> list[list[Tensor] | None]:
-    """Per bucket: the clip scales (None where the bucket does not clip). With `diagnostics`, the step's
-    raw (n, 5) table [||c||^2, ||g||^2, ||g_prev||^2, <g, g_prev>, k] is added to it. One all-reduce
-    over the shards for everything, when sharded."""
-    wanted = [w for w in work if w.clip or diagnostics is not None]
-    if not wanted:
-        return [None] * len(work)
-    columns = []
-    for w in wanted:
-        impl = _kernels.select(w.fused, w.grads, w.prevs)
-        sq = torch.stack(impl.correction_sqnorms(w.grads, w.prevs, k=w.k)).reshape(-1, 1)
-        if diagnostics is not None:
-            stats = torch.stack(impl.grad_stats(w.grads, w.prevs)).to(sq.dtype)
-            sq = torch.cat([sq, stats], dim=1)
-        columns.append(sq.to(torch.float64 if sq.dtype == torch.float64 else torch.float32))
-    sizes = [len(w.grads) for w in wanted]
-    table = _dist.sum_over_shards_(torch.cat(columns), sharding)
-    norms = table[:, 0].clamp(min=0).sqrt()
-    inverse = norms.clamp(min=1.0).reciprocal()
-    scales: list[list[Tensor] | None] = []
-    chunks = iter(inverse.split(sizes))  # one per bucket in `wanted`, in order
-    for w in work:
-        if not (w.clip or diagnostics is not None):
-            scales.append(None)
-            continue
-        part = next(chunks)
-        scales.append(list(part.unbind(0)) if w.clip else None)
-    if diagnostics is None:
-        return scales
-    ks = torch.cat(
-        [
-            torch.as_tensor(w.k, dtype=table.dtype, device=table.device).reshape(1).expand(n)
-            for w, n in zip(wanted, sizes, strict=True)
-        ]
+
+def _float(tables: list[Tensor]) -> list[Tensor]:
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tables) else torch.float32
+    return [t.to(dtype) for t in tables]
+
+
+def scales_and_stats(work: list[Work], sharding, diagnostics: Diagnostics | None) -> list:
+    """Per bucket, its update's clip `scale`: the factors 1 / max(||c||, 1), one 0-dim tensor per
+    tensor, or 1.0 (no clip). With `diagnostics`, the step's figures are added to it. At most one
+    all-reduce over the shards."""
+    clipped = [w for w in work if w.clip]
+    parts = _float(
+        [w.table(rules.correction_sq_norm) for w in clipped]
+        + ([w.table(rules.correction_stats) for w in work] if diagnostics is not None else [])
     )
-    diagnostics.add(torch.cat([table, ks.reshape(-1, 1)], dim=1))
-    return scales
+    if parts:
+        sizes = [t.numel() for t in parts]
+        flat = _dist.sum_over_shards_(torch.cat([t.reshape(-1) for t in parts]), sharding)
+        parts = [f.view(t.shape) for f, t in zip(flat.split(sizes), parts, strict=True)]
+    factors = iter(parts[: len(clipped)])
+    if diagnostics is not None:
+        diagnostics.add(torch.cat(parts[len(clipped) :]))
+    return [list(rules.clip_scale(next(factors)[:, 0]).unbind(0)) if w.clip else 1.0 for w in work]
 
 
 class Diagnostics:
@@ -94,17 +95,22 @@ class Diagnostics:
     def __init__(self) -> None:
         self._acc: Tensor | None = None  # [c_norm_mean, c_norm_max, clip_fraction, cos, ratio, steps]
 
-    def add(self, raw: Tensor) -> None:
-        """Fold one step's raw table (see scales_and_stats) into the accumulator, on the device."""
-        sq_c, g2, p2, dot, k = raw.unbind(1)
-        c_norm = sq_c.clamp(min=0).sqrt()
-        tiny = torch.finfo(raw.dtype).tiny
-        g_total, p_total = g2.sum(), p2.sum()
-        cos = dot.sum() / (g_total * p_total).sqrt().clamp(min=tiny)
-        diff2 = (k * k * (g2 + p2 - 2 * dot)).sum().clamp(min=0)
-        ratio = diff2.sqrt() / g_total.sqrt().clamp(min=tiny)
+    def add(self, table: Tensor) -> None:
+        """Fold one step's table (see scales_and_stats) into the accumulator, on the device."""
+        c_norm = table[:, C2].clamp(min=0).sqrt()
+        tiny = torch.finfo(table.dtype).tiny
+        g_total, p_total = table[:, G2].sum(), table[:, P2].sum()
+        cos = (g_total + p_total - table[:, D2].sum()) / 2 / (g_total * p_total).sqrt().clamp(min=tiny)
+        ratio = table[:, CG2].sum().clamp(min=0).sqrt() / g_total.sqrt().clamp(min=tiny)
         step = torch.stack(
-            [c_norm.mean(), c_norm.max(), (c_norm > 1).to(raw.dtype).mean(), cos, ratio, torch.ones_like(cos)]
+            [
+                c_norm.mean(),
+                c_norm.max(),
+                (c_norm > 1).to(table.dtype).mean(),
+                cos,
+                ratio,
+                torch.ones_like(cos),
+            ]
         )
         if self._acc is None:
             self._acc = step

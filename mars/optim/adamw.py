@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
+from ._contract import named_tensor
 from .config import ConfigChecks
-from .groups import param_groups
 from .registry import register
 
 
@@ -29,22 +28,18 @@ class AdamWConfig(ConfigChecks):
         self._pair_of_fractions("betas")
 
 
-def _torch_fused_ok(model: nn.Module) -> bool:
-    return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in model.parameters())
-
-
-def build(model: nn.Module, cfg: AdamWConfig, process_group=None) -> torch.optim.Optimizer:
-    fused = _torch_fused_ok(model) if cfg.fused is None else cfg.fused
+def adamw(params, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=None) -> torch.optim.AdamW:
+    """torch.optim.AdamW; fused=None takes torch's fused kernel where every parameter allows it."""
+    params = list(params)
+    if fused is None:
+        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        tensors = [named_tensor(p) for group in groups for p in group["params"]]
+        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in tensors)
     opt = torch.optim.AdamW(
-        param_groups(model, "adamw", weight_decay=cfg.weight_decay),
-        lr=cfg.lr,
-        betas=tuple(cfg.betas),
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        fused=fused,
+        params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused
     )
     opt.needs_previous_grads = False
     return opt
 
 
-register("adamw", AdamWConfig, build, grouping="decay")
+register("adamw", AdamWConfig, adamw, grouping="decay")

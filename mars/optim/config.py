@@ -8,54 +8,51 @@ optimizer does not use is refused when Hydra composes the config. `validate()` c
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
+
+from mars import checks
 
 GAMMA_SCHEDULES = ("constant", "linear", "cosine")
 
 
 class ConfigChecks:
-    """Value checks for a config dataclass with a `name`: each raises one ValueError naming the key."""
+    """Value checks for a config dataclass with a `name`: each raises one ValueError naming the key as
+    optimizer.KEY and the optimizer (the rules are mars.checks', shared with every other config)."""
 
     name: str
 
     def _fail(self, key: str, rule: str) -> None:
-        raise ValueError(f"optimizer.{key}={getattr(self, key)!r} {rule} (optimizer={self.name})")
+        """A rule between keys that no single check states: optimizer.KEY=VALUE RULE (optimizer=NAME)."""
+        try:
+            checks.fail(f"optimizer.{key}", getattr(self, key), rule)
+        except ValueError as e:
+            raise ValueError(f"{e} (optimizer={self.name})") from None
+
+    def _check(self, check, key: str, *args) -> None:
+        try:
+            check(f"optimizer.{key}", getattr(self, key), *args)
+        except ValueError as e:
+            raise ValueError(f"{e} (optimizer={self.name})") from None
 
     def _non_negative(self, *keys: str) -> None:
         for key in keys:
-            value = getattr(self, key)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                self._fail(key, "must be a finite number >= 0")
+            self._check(checks.finite_non_negative, key)
 
     def _fraction(self, *keys: str) -> None:
         """Momentum coefficients: a number in [0, 1)."""
         for key in keys:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                self._fail(key, "must be a number in [0, 1)")
+            self._check(checks.fraction, key)
 
     def _pair_of_fractions(self, *keys: str) -> None:
         for key in keys:
-            value = getattr(self, key)
-            if len(value) != 2 or not all(
-                isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in value
-            ):
-                self._fail(key, "must be a pair [beta1, beta2] of numbers in [0, 1)")
+            self._check(checks.fraction_pair, key)
 
     def _at_least_one(self, *keys: str) -> None:
         for key in keys:
-            if getattr(self, key) < 1:
-                self._fail(key, "must be >= 1")
+            self._check(checks.at_least, key, 1)
 
     def _choice(self, key: str, choices: tuple[str, ...]) -> None:
-        if getattr(self, key) not in choices:
-            self._fail(key, f"must be one of {', '.join(choices)}")
+        self._check(checks.choice, key, choices)
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -77,18 +74,11 @@ class GammaScheduleConfig:
     decay_steps: int | None = None
 
     def validate(self, peak: float) -> None:
-        if self.name not in GAMMA_SCHEDULES:
-            raise ValueError(
-                f"optimizer.gamma_schedule.name={self.name!r} must be one of {', '.join(GAMMA_SCHEDULES)}"
-            )
+        checks.choice("optimizer.gamma_schedule.name", self.name, GAMMA_SCHEDULES)
         for key in ("start", "end"):
-            value = getattr(self, key)
-            if not math.isfinite(float(value)) or value < 0:
-                raise ValueError(f"optimizer.gamma_schedule.{key}={value} must be a number >= 0")
-        if not math.isfinite(float(peak)) or peak < 0:
-            raise ValueError(f"optimizer.gamma={peak} must be a number >= 0")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.gamma_schedule.warmup_steps={self.warmup_steps} must be >= 0")
+            checks.finite_non_negative(f"optimizer.gamma_schedule.{key}", getattr(self, key))
+        checks.finite_non_negative("optimizer.gamma", peak)
+        checks.at_least("optimizer.gamma_schedule.warmup_steps", self.warmup_steps, 0)
         if self.name != "constant" and self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
             raise ValueError(
                 f"optimizer.gamma_schedule ends before it starts: decay_steps={self.decay_steps} is not "

@@ -6,15 +6,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 from torch.optim import Optimizer
 
-from . import _checks, _kernels
+from . import _checks, _kernels, rules
 from ._common import ensure_buffers, traced
 from ._contract import TorchContract
 from ._dist import local
 from .config import ConfigChecks
-from .groups import param_groups
 from .registry import register
 
 
@@ -60,13 +58,12 @@ class Lion(TorchContract, Optimizer):
             beta1, beta2 = group["betas"]
             for params in self._buckets(group).values():
                 ps = [local(p) for p in params]  # a DTensor's local shard: Lion is elementwise
-                grads = [local(p.grad) for p in params]
                 exp_avgs = [local(self.state[p]["exp_avg"]) for p in params]
-                impl = _kernels.select(self.fused, ps, grads, exp_avgs)
-                impl.lion_(
-                    ps,
-                    grads,
-                    exp_avgs,
+                _kernels.update(
+                    rules.lion,
+                    [ps, [local(p.grad) for p in params], exp_avgs],
+                    [ps, exp_avgs],
+                    fused=self.fused,
                     lr=traced(group["lr"], params[0]),
                     weight_decay=traced(group["weight_decay"], params[0]),
                     beta1=beta1,
@@ -108,9 +105,4 @@ class LionConfig(ConfigChecks):
         self._pair_of_fractions("betas")
 
 
-def build(model: nn.Module, cfg: LionConfig, process_group=None) -> Lion:
-    groups = param_groups(model, "lion", weight_decay=cfg.weight_decay)
-    return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=cfg.fused)
-
-
-register("lion", LionConfig, build, grouping="decay")
+register("lion", LionConfig, Lion, grouping="decay")

@@ -6,11 +6,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 from torch.optim import Optimizer
 
-from . import _checks, _foreach, _kernels
+from . import _checks, _kernels, rules
 from ._common import (
+    adam_hyper,
     advance_steps,
     apply_orthogonal_update_,
     as_matrix,
@@ -25,9 +25,8 @@ from ._correction import Diagnostics, Work, scales_and_stats
 from ._dist import DistributedOptimizer, local
 from ._exact import PreviousGradsMixin
 from .config import ConfigChecks, GammaScheduleConfig
-from .groups import param_groups
 from .newton_schulz import orthogonalize_
-from .registry import register
+from .registry import reference_names, register
 
 MARS_TYPES = ("mars-adamw", "mars-lion", "mars-shampoo")
 TWO_DIM_RULES = ("eq2", "ge2")
@@ -69,7 +68,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
     (`opt.register_step_pre_hook(keep_lr_1d_ratio)`), which sets lr_1d = initial lr_1d * lr / initial_lr
     before every step; hooks do not survive copy.deepcopy, pickle or a new optimizer: register it again.
 
-    Approximate mode (is_approx=True, default): g_prev is a copy of the gradient this optimizer saw
+    Approximate mode (approx=True, default): g_prev is a copy of the gradient this optimizer saw
     at its previous step (after the loop's gradient clipping), kept in its own buffer::
 
         model = torch.nn.Linear(8, 1)
@@ -81,10 +80,10 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    Exact mode (is_approx=False; `needs_previous_grads` is True): two gradients per step, looking one
+    Exact mode (approx=False; `needs_previous_grads` is True): two gradients per step, looking one
     batch ahead (docs/algorithms.md section 5)::
 
-        opt = MARS(model.parameters(), lr=6e-3, weight_decay=0.01, is_approx=False)
+        opt = MARS(model.parameters(), lr=6e-3, weight_decay=0.01, approx=False)
         for batch, next_batch in zip(batches, batches[1:]):
             loss_fn(next_batch).backward()      # grad f(x_t, xi_{t+1})
             opt.stash_previous_grads()          # becomes g_prev of step t+1
@@ -120,20 +119,42 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
     With DDP (every rank holds every parameter), pass process_group (e.g. torch.distributed.group.WORLD)
     to divide MARS-Shampoo's Newton-Schulz over the ranks instead of repeating it on each.
 
-    Implementation: per-tensor fused kernels compiled with torch.compile where available, else
-    multi-tensor torch._foreach_* ops (fused=None picks; True requires the compiled kernels; False
-    forces multi-tensor, also used for amsgrad, and inside an outer torch.compile of a training step,
-    which fuses them itself). Neither reads any value back from the device. Arithmetic runs in
-    float64 for float64 tensors and in float32 otherwise (bf16/fp16 storage); MARS-Shampoo's
-    Newton-Schulz runs in bfloat16 by design and its update is applied in the parameter's dtype.
+    Another c_t: subclass MARS and override the static method `correction(g, g_prev, gamma, beta)`
+    (default: mars.optim.rules.correction, g + gamma beta / (1 - beta) (g - g_prev), beta = beta1).
+    It is the only place c_t is defined: the clip norms, the diagnostics and every mars_type use it.
+    It must be elementwise arithmetic that both implementations below can run (mars.optim.rules);
+    register the class with a config to train it by name::
+
+        class MARSPlain(MARS):
+            @staticmethod
+            def correction(g, g_prev, gamma, beta):
+                return g + gamma * (g - g_prev)
+
+        @dataclass
+        class MARSPlainConfig(MARSConfig):
+            name: str = "mars_plain"
+
+        mars.optim.register("mars_plain", MARSPlainConfig, MARSPlain, grouping="decay",
+                            trainer_keys=("gamma_schedule",), fixed={"mars_type": "mars-adamw"})
+
+    Implementation: the update rules of mars.optim.rules, each tensor's update one kernel compiled
+    with torch.compile where available, else multi-tensor torch._foreach_* ops over each bucket
+    (fused=None picks; True requires the compiled kernels; False forces multi-tensor, as does an
+    outer torch.compile of a training step, which fuses them itself). Neither reads any value back
+    from the device. Arithmetic runs in float64 for float64 tensors and in float32 otherwise
+    (bf16/fp16 storage); MARS-Shampoo's Newton-Schulz runs in bfloat16 by design and its update is
+    applied in the parameter's dtype.
     Parameters must be real floating point (complex ones raise a ValueError at construction); tensors
     with no entries are skipped. Accepts named parameters (model.named_parameters()) like torch's
-    optimizers; state_dict() then carries "param_names".
+    optimizers; state_dict() then carries "param_names". The keywords are the `optimizer.*` config
+    keys; the reference's positional order and its name is_approx (for approx) are accepted too.
     """
 
     instance_options = ("is_approx",)
     role_keys = ("mars_type", "optimize_1d", "two_dim_rule")
+    correction = staticmethod(rules.correction)  # c_t: override in a subclass for a variant
 
+    @reference_names
     def __init__(
         self,
         params,
@@ -143,7 +164,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         weight_decay=0.0,
         amsgrad=False,
         gamma=0.025,
-        is_approx=True,
+        approx=True,
         mars_type="mars-adamw",
         optimize_1d=False,
         lr_1d=3e-3,
@@ -156,8 +177,9 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         diagnostics=False,
         process_group=None,
     ):
-        _checks.flag("MARS", "is_approx", is_approx)
+        _checks.flag("MARS", "approx", approx)
         _checks.flag("MARS", "diagnostics", diagnostics)
+        _checks.correction("MARS", type(self))
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -174,7 +196,7 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             two_dim_rule=two_dim_rule,
         )
         _validate(defaults)
-        self.is_approx = is_approx
+        self.is_approx = approx
         self.fused = fused
         self.diagnostics = diagnostics
         self._diagnostics = Diagnostics()
@@ -226,8 +248,8 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         """One MARS step on every tensor with a gradient (`step()` calls it).
 
         1. bucket the tensors (role, device, dtype, step count) and advance their step counts;
-        2. the clip scales of every MARS-path tensor from whole-tensor norms (one all-reduce when the
-           parameters are sharded), and the diagnostics (mars.optim._correction);
+        2. the clip factors of every MARS-path tensor from whole-tensor norms (one all-reduce when
+           the parameters are sharded), and the diagnostics (mars.optim._correction);
         3. the elementwise updates, on each rank's local shard; MARS-Shampoo's momentum too;
         4. MARS-Shampoo's Newton-Schulz over all its matrices at once (divided over ranks when
            sharded or replicated, mars.optim._dist), then its updates.
@@ -246,7 +268,9 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             Work(
                 grads=[local(p.grad) for p in params],
                 prevs=[local(self.state[p]["last_grad"]) for p in params],
-                k=_k(group),
+                correction=self.correction,
+                gamma=traced(group["gamma"], params[0]),
+                beta=group["betas"][0],
                 clip=group["clip_c"],
                 fused=self.fused,
             )
@@ -284,50 +308,60 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         return buckets
 
     def _update(self, group: dict, role: str, params: list, step, scales) -> None:
-        """Dispatch one elementwise bucket to its kernel, on local shards. step: the bucket's step
+        """Run one elementwise bucket's rule (mars.optim.rules) on local shards. step: the bucket's step
         count, or (inside torch.compile) the list of its step counters; scales: its clip scales."""
         hp = {key: traced(group[key], params[0]) for key in SCHEDULED}
         states = [self.state[p] for p in params]
         ps = [local(p) for p in params]
         grads = [local(p.grad) for p in params]
-        exp_avgs = [local(s["exp_avg"]) for s in states]
-        amsgrad = group["amsgrad"] and role in (ADAMW_1D, MARS_ADAMW)
-        exp_avg_sqs = [local(s["exp_avg_sq"]) for s in states] if role in (ADAMW_1D, MARS_ADAMW) else None
-        maxes = [local(s["max_exp_avg_sq"]) for s in states] if amsgrad else None
-        impl = _foreach if amsgrad else _kernels.select(self.fused, ps, grads, exp_avgs)
-        beta1, beta2 = group["betas"]
-        if role == ADAMW_1D:
-            beta1_1d, beta2_1d = group["betas_1d"]
-            impl.adamw_(
-                ps,
-                grads,
-                exp_avgs,
-                exp_avg_sqs,
-                lr=hp["lr_1d"],
-                weight_decay=hp["weight_decay_1d"],
-                beta1=beta1_1d,
-                beta2=beta2_1d,
-                step=step,
-                eps=group["eps"],
-                max_exp_avg_sqs=maxes,
+        m = [local(s["exp_avg"]) for s in states]
+        if role == MARS_LION:
+            prevs = [local(s["last_grad"]) for s in states]
+            _kernels.update(
+                rules.mars_lion,
+                [ps, grads, prevs, m],
+                [ps, m, prevs],
+                fused=self.fused,
+                options={"correction": self.correction},
+                gamma=hp["gamma"],
+                scale=scales,
+                lr=hp["lr"],
+                weight_decay=hp["weight_decay"],
+                beta1=group["betas"][0],
             )
             return
-        impl.mars_(
-            ps,
-            grads,
-            [local(s["last_grad"]) for s in states],
-            exp_avgs,
-            exp_avg_sqs,
-            scales,
-            kind="adamw" if role == MARS_ADAMW else "lion",
+        v = [local(s["exp_avg_sq"]) for s in states]
+        vmax = [local(s["max_exp_avg_sq"]) for s in states] if group["amsgrad"] else None
+        moments = [m, v] if vmax is None else [m, v, vmax]
+        if role == ADAMW_1D:
+            adam = adam_hyper(
+                lr=hp["lr_1d"],
+                weight_decay=hp["weight_decay_1d"],
+                betas=group["betas_1d"],
+                eps=group["eps"],
+                step=step,
+                params=ps,
+            )
+            _kernels.update(rules.adamw, [ps, grads, m, v, vmax], [ps, *moments], fused=self.fused, **adam)
+            return
+        prevs = [local(s["last_grad"]) for s in states]
+        adam = adam_hyper(
             lr=hp["lr"],
             weight_decay=hp["weight_decay"],
-            beta1=beta1,
-            beta2=beta2,
-            step=step,
+            betas=group["betas"],
             eps=group["eps"],
+            step=step,
+            params=ps,
+        )
+        _kernels.update(
+            rules.mars_adamw,
+            [ps, grads, prevs, m, v, vmax],
+            [ps, *moments, prevs],
+            fused=self.fused,
+            options={"correction": self.correction},
             gamma=hp["gamma"],
-            max_exp_avg_sqs=maxes,
+            scale=scales,
+            **adam,
         )
 
     def _shampoo_momentum(self, group: dict, params: list, scales) -> dict[tuple, list]:
@@ -343,15 +377,15 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             prevs = [as_matrix(local(self.state[params[i]]["last_grad"])) for i in idx]
             bufs = [as_matrix(local(self.state[params[i]]["exp_avg"])) for i in idx]
             X = torch.empty((len(idx), *gs[0].shape), dtype=torch.bfloat16, device=gs[0].device)
-            impl = _kernels.select(self.fused, gs, prevs, bufs)
-            impl.mars_momentum_(
-                gs,
-                prevs,
-                bufs,
-                list(X.unbind(0)),
-                None if scales is None else [scales[i] for i in idx],
-                beta=beta1,
+            _kernels.update(
+                rules.mars_momentum,
+                [gs, prevs, bufs],
+                [bufs, list(X.unbind(0)), prevs],
+                fused=self.fused,
+                options={"correction": self.correction},
                 gamma=traced(group["gamma"], params[0]),
+                beta=beta1,
+                scale=[scales[i] for i in idx] if isinstance(scales, list) else scales,
                 out_scale=1.0 / (1.0 - beta1),
             )
             batches[shape] = (idx, X)
@@ -392,12 +426,6 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         over the steps of mars/c_norm_mean, mars/clip_fraction, mars/grad_cos, mars/correction_ratio and
         the max of mars/c_norm_max. One read from the device; {} when off or no step was taken."""
         return self._diagnostics.read()
-
-
-def _k(group: dict):
-    """k = gamma beta1 / (1 - beta1), the weight of g - g_prev in c."""
-    beta1 = group["betas"][0]
-    return traced(group["gamma"], group["params"][0]) * beta1 / (1.0 - beta1)
 
 
 def _ns(eps: float):
@@ -465,31 +493,16 @@ class MARSShampooConfig(MARSConfig):
     name: str = "mars_shampoo"
 
 
-def build(model: nn.Module, cfg: MARSConfig, process_group=None) -> MARS:
-    return MARS(
-        param_groups(model, cfg.name, weight_decay=cfg.weight_decay),
-        lr=cfg.lr,
-        betas=tuple(cfg.betas),
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        gamma=cfg.gamma,
-        is_approx=cfg.approx,
-        mars_type=cfg.name.replace("_", "-"),
-        optimize_1d=cfg.optimize_1d,
-        lr_1d=cfg.lr_1d,
-        betas_1d=tuple(cfg.betas_1d),
-        weight_decay_1d=cfg.weight_decay_1d,
-        clip_c=cfg.clip_c,
-        two_dim_rule=cfg.two_dim_rule,
-        fused=cfg.fused,
-        diagnostics=cfg.diagnostics,
-        process_group=process_group,
-    )
-
-
 for _name, _config in (
     ("mars_adamw", MARSConfig),
     ("mars_lion", MARSLionConfig),
     ("mars_shampoo", MARSShampooConfig),
 ):
-    register(_name, _config, build, grouping="decay", trainer_keys=("gamma_schedule",))
+    register(
+        _name,
+        _config,
+        MARS,
+        grouping="decay",
+        trainer_keys=("gamma_schedule",),
+        fixed={"mars_type": _name.replace("_", "-")},
+    )

@@ -4,42 +4,47 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch import nn
-
-from . import _checks, _kernels
+from . import _checks, _kernels, rules
 from ._common import as_matrix, traced
 from ._correction import Diagnostics, Work, scales_and_stats
 from ._dist import local
 from ._exact import PreviousGradsMixin
 from .config import ConfigChecks, GammaScheduleConfig
-from .groups import param_groups
 from .muon import MatrixOptimizer
-from .registry import register
+from .registry import reference_names, register
 
 
 class MARSM(PreviousGradsMixin, MatrixOptimizer):
     r"""MARS-M (Liu, Yuan, Gu, 2025). For hidden weight matrices, with k = gamma beta / (1 - beta)::
 
-        C  = G + k (G - G_prev)           G_prev: approx = last step's G; exact = grad f(X_{t-1}, xi_t)
+        C  = G + k (G - G_prev)           `correction`; G_prev: approx = last step's G; exact =
+                                          grad f(X_{t-1}, xi_t)
         C~ = C / ||C||_F if ||C||_F > 1   (clip_c=True, the default; the reference always clips)
         M  = beta M + (1 - beta) C~
         X <- X (1 - lr wd) - lr 0.2 sqrt(max(A, B)) NS(M)     Moonlight Newton-Schulz, bfloat16
 
     beta is `momentum`. Other tensors (embeddings, head, 1-D; see `param_groups(model, "mars_m")`)
-    take the Moonlight AdamW (same lr and weight decay, adamw_betas, eps not bias-corrected).
+    take the Moonlight AdamW (same lr and weight decay, betas_1d, eps not bias-corrected).
     gamma = 0 with clip_c=False is Moonlight (nesterov=False).
 
-    lean=True is the one-buffer approximate variant without clipping:
-    buf <- mu buf + ((1 - gamma)(1 - mu) / mu) G, O = NS(gamma G + mu buf), algebraically the
-    unclipped approximate MARS-M (it needs momentum > 0 and is_approx=True).
+    lean=True is the one-buffer approximate variant without clipping: buf <- mu buf + b G,
+    O = NS(a G + mu buf), algebraically the unclipped approximate MARS-M, with (a, b) derived from
+    `correction` (mars.optim.rules.lean_coefficients; for MARS's c_t a = gamma, b = (1 - gamma)
+    (1 - mu) / mu). It needs momentum > 0, approx=True and a c_t linear in (G, G_prev).
 
-    Accepts the reference's keywords: MARSM(lr=..., wd=..., muon_params=..., adamw_params=...,
-    momentum=0.95, ns_steps=5, adamw_betas=(0.9, 0.95), adamw_eps=1e-8, gamma=0.025, clip_c=...,
-    is_approx=True) as well as param groups (keys lr, weight_decay or wd, momentum, ns_steps,
-    adamw_betas, adamw_eps, gamma, clip_c, use_muon). gamma is read from the group every step.
+    Another c_t: subclass MARSM and override the static method `correction(g, g_prev, gamma, beta)`
+    (beta = momentum), as for `mars.optim.MARS` (see its docstring); the clip, the diagnostics and
+    the lean variant all follow it (a lean variant of a c_t that is not linear is refused).
+
+    The keywords are the `optimizer.*` config keys (weight_decay, betas_1d, eps, approx); the
+    reference's positional order and names are accepted too: MARSM(lr=..., wd=..., muon_params=...,
+    adamw_params=..., momentum=0.95, ns_steps=5, adamw_betas=(0.9, 0.95), adamw_eps=1e-8,
+    gamma=0.025, clip_c=..., is_approx=True), as well as param groups (keys lr, weight_decay or wd,
+    momentum, ns_steps, adamw_betas, adamw_eps, gamma, clip_c, use_muon). gamma is read from the
+    group every step.
 
     Approximate mode keeps a copy of each matrix's last gradient ("last_grad"; 8 bytes/param in
-    float32 with "momentum_buffer"; 4 with lean). Exact mode (is_approx=False) follows the protocol
+    float32 with "momentum_buffer"; 4 with lean). Exact mode (approx=False) follows the protocol
     of `mars.optim.MARS`: before every step() compute the next batch's gradient at the current
     weights, call `stash_previous_grads()`, zero the grads, compute the step's gradient, `step()`.
     Non-finite gradients are not detected (no host sync): they propagate into the state and weights.
@@ -51,28 +56,31 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
     instance_options = ("is_approx", "lean")
     ns_form = "moonlight"
     adamw_eps_form = "moonlight"
+    correction = staticmethod(rules.correction)  # c_t: override in a subclass for a variant
 
+    @reference_names
     def __init__(
         self,
         params=None,
         lr=1e-3,
-        wd=0.1,
+        weight_decay=0.1,
         muon_params=None,
         momentum=0.95,
         ns_steps=5,
         adamw_params=None,
-        adamw_betas=(0.9, 0.95),
-        adamw_eps=1e-8,
+        betas_1d=(0.9, 0.95),
+        eps=1e-8,
         gamma=0.025,
         clip_c=None,
-        is_approx=True,
+        approx=True,
         *,
         lean=False,
         fused=None,
         diagnostics=False,
         process_group=None,
     ):
-        _checks.flag(self.owner, "is_approx", is_approx)
+        _checks.flag(self.owner, "approx", approx)
+        _checks.correction(self.owner, type(self))
         _checks.flag(self.owner, "lean", lean)
         _checks.flag(self.owner, "diagnostics", diagnostics)
         if lean and diagnostics:
@@ -87,11 +95,17 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
                 f"{self.owner}: invalid clip_c=True with lean=True: the lean variant is the "
                 "unclipped approximate MARS-M; drop clip_c or set lean=False"
             )
-        if lean and not is_approx:
+        if lean and not approx:
             raise ValueError(
-                f"{self.owner}: invalid is_approx=False with lean=True: the lean variant is approximate only"
+                f"{self.owner}: invalid approx=False with lean=True: the lean variant is approximate only"
             )
-        self.is_approx = is_approx
+        if lean and not rules.is_linear(self.correction):
+            raise ValueError(
+                f"{self.owner}: invalid lean=True with {type(self).__name__}.correction: the lean variant "
+                "is derived from a c_t linear in (g, g_prev), c = x g + y g_prev, and this one is not; "
+                "set lean=False"
+            )
+        self.is_approx = approx
         self.lean = lean
         self.diagnostics = diagnostics
         self._diagnostics = Diagnostics()
@@ -99,11 +113,11 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
         self.matrix_buffers = ("momentum_buffer",) if lean else ("momentum_buffer", "last_grad")
         defaults = dict(
             lr=lr,
-            weight_decay=wd,
+            weight_decay=weight_decay,
             momentum=momentum,
             ns_steps=ns_steps,
-            adamw_betas=tuple(adamw_betas),
-            adamw_eps=adamw_eps,
+            adamw_betas=tuple(betas_1d),
+            adamw_eps=eps,
             gamma=gamma,
             clip_c=clip_c,
         )
@@ -143,36 +157,44 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
         return {}
 
     def _clip_scales(self, matrices: list) -> list:
-        """Clip scales 1 / max(||C||, 1) of every matrix from whole-matrix norms (one all-reduce when
-        sharded), and the diagnostics; none for the lean variant."""
+        """Per bucket, the clip `scale` of its momentum (mars.optim._correction.scales_and_stats), and
+        the diagnostics; 1.0 (no clip) for the lean variant."""
         if self.lean:
-            return [None] * len(matrices)
-        work = []
-        for group, _, params in matrices:
-            beta = group["momentum"]
-            work.append(
-                Work(
-                    grads=[as_matrix(local(p.grad)) for p in params],
-                    prevs=[as_matrix(local(self.state[p]["last_grad"])) for p in params],
-                    k=traced(group["gamma"], params[0]) * beta / (1.0 - beta),
-                    clip=group["clip_c"],
-                    fused=self.fused,
-                )
+            return [1.0] * len(matrices)
+        work = [
+            Work(
+                grads=[as_matrix(local(p.grad)) for p in params],
+                prevs=[as_matrix(local(self.state[p]["last_grad"])) for p in params],
+                correction=self.correction,
+                gamma=traced(group["gamma"], params[0]),
+                beta=group["momentum"],
+                clip=group["clip_c"],
+                fused=self.fused,
             )
-        scales = scales_and_stats(work, self._sharding(), self._diagnostics if self.diagnostics else None)
-        return scales
+            for group, _, params in matrices
+        ]
+        return scales_and_stats(work, self._sharding(), self._diagnostics if self.diagnostics else None)
 
     def _momentum(self, group, grads, states, outs, scales) -> None:
         bufs = self._buffers_of(states, "momentum_buffer")
-        gamma = traced(group["gamma"], grads[0])
+        gamma, beta = traced(group["gamma"], grads[0]), group["momentum"]
         if self.lean:
-            impl = _kernels.select(self.fused, grads, bufs)
-            impl.lean_momentum_(grads, bufs, outs, momentum=group["momentum"], gamma=gamma)
+            a, b = rules.lean_coefficients(self.correction, gamma, beta)
+            _kernels.update(
+                rules.lean_momentum, [grads, bufs], [bufs, outs], fused=self.fused, beta=beta, a=a, b=b
+            )
             return
         prevs = self._buffers_of(states, "last_grad")
-        impl = _kernels.select(self.fused, grads, bufs, prevs)
-        impl.mars_momentum_(
-            grads, prevs, bufs, outs, scales, beta=group["momentum"], gamma=gamma, out_scale=1.0
+        _kernels.update(
+            rules.mars_momentum,
+            [grads, prevs, bufs],
+            [bufs, outs, prevs],
+            fused=self.fused,
+            options={"correction": self.correction},
+            gamma=gamma,
+            beta=beta,
+            scale=scales,
+            out_scale=1.0,
         )
 
     def read_diagnostics(self) -> dict[str, float]:
@@ -230,23 +252,4 @@ class MARSMConfig(ConfigChecks):
                 self._fail("momentum", "must be > 0 with lean=true: the lean update divides by it")
 
 
-def build(model: nn.Module, cfg: MARSMConfig, process_group=None) -> MARSM:
-    return MARSM(
-        param_groups(model, "mars_m"),
-        lr=cfg.lr,
-        wd=cfg.weight_decay,
-        momentum=cfg.momentum,
-        ns_steps=cfg.ns_steps,
-        adamw_betas=tuple(cfg.betas_1d),
-        adamw_eps=cfg.eps,
-        gamma=cfg.gamma,
-        clip_c=cfg.clip_c,
-        is_approx=cfg.approx,
-        lean=cfg.lean,
-        fused=cfg.fused,
-        diagnostics=cfg.diagnostics,
-        process_group=process_group,
-    )
-
-
-register("mars_m", MARSMConfig, build, grouping="matrix", trainer_keys=("gamma_schedule",))
+register("mars_m", MARSMConfig, MARSM, grouping="matrix", trainer_keys=("gamma_schedule",))

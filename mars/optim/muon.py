@@ -7,11 +7,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.optim import Optimizer
 
-from . import _checks, _kernels
+from . import _checks, _kernels, rules
 from ._common import (
+    adam_hyper,
     advance_steps,
     apply_orthogonal_update_,
     as_matrix,
@@ -24,9 +25,8 @@ from ._common import (
 from ._contract import TorchContract, named_tensor
 from ._dist import DistributedOptimizer, local
 from .config import ConfigChecks
-from .groups import param_groups
 from .newton_schulz import orthogonalize_
-from .registry import register
+from .registry import reference_names, register
 
 MATRIX, ADAMW = "matrix", "adamw"
 
@@ -142,7 +142,7 @@ class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
 
     def _momentum(self, group: dict, grads: list, states: list, outs: list, scales) -> None:
         """Update the momentum state of same-shaped matrices; write the Newton-Schulz inputs to outs.
-        grads and outs are (local) matrices; scales: MARS-M's clip scales (None elsewhere)."""
+        grads and outs are (local) matrices; scales: MARS-M's clip scales (1.0 elsewhere)."""
         raise NotImplementedError
 
     def _scale(self, rows: int, cols: int) -> float:
@@ -203,8 +203,8 @@ class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
         return loss
 
     def _clip_scales(self, matrices: list) -> list:
-        """Per matrix bucket, the clip scales of c (MARS-M); None: no clip."""
-        return [None] * len(matrices)
+        """Per matrix bucket, the clip scales of c (MARS-M): 0-dim tensors, or 1.0 (no clip)."""
+        return [1.0] * len(matrices)
 
     def _matrix_momentum(self, group: dict, params: list, scales) -> torch.Tensor:
         """The momentum update of a bucket of same-shaped matrices; returns their bfloat16 Newton-Schulz
@@ -235,24 +235,20 @@ class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
 
     def _adamw_update(self, group: dict, key: tuple, ps: list) -> None:
         step = advance_steps([self.state[p] for p in ps], key[-1])
-        beta1, beta2 = group["adamw_betas"]
-        grads = [local(p.grad) for p in ps]
-        exp_avgs = [local(self.state[p]["exp_avg"]) for p in ps]
-        exp_avg_sqs = [local(self.state[p]["exp_avg_sq"]) for p in ps]
-        impl = _kernels.select(self.fused, grads, grads, exp_avgs)
-        impl.adamw_(
-            [local(p) for p in ps],
-            grads,
-            exp_avgs,
-            exp_avg_sqs,
+        params = [local(p) for p in ps]
+        m = [local(self.state[p]["exp_avg"]) for p in ps]
+        v = [local(self.state[p]["exp_avg_sq"]) for p in ps]
+        adam = adam_hyper(
             lr=traced(group["lr"], ps[0]),
             weight_decay=traced(group["weight_decay"], ps[0]),
-            beta1=beta1,
-            beta2=beta2,
-            step=step,
+            betas=group["adamw_betas"],
             eps=group["adamw_eps"],
+            step=step,
+            params=params,
             eps_form=self.adamw_eps_form,
         )
+        grads = [local(p.grad) for p in ps]
+        _kernels.update(rules.adamw, [params, grads, m, v], [params, m, v], fused=self.fused, **adam)
 
     def _buffers_of(self, states: list, name: str) -> list:
         return [as_matrix(local(s[name])) for s in states]
@@ -268,15 +264,17 @@ class Muon(MatrixOptimizer):
         x   <- x (1 - lr wd) - lr sqrt(max(1, rows/cols)) NS(u)
 
     Other tensors (embeddings, head, 1-D: use `param_groups(model, "muon")`): AdamW with their
-    group's lr and weight_decay, which default to adamw_lr and adamw_wd (the reference: 3e-3, 0.1,
-    betas (0.9, 0.95)). State: "momentum_buffer" per matrix (4 bytes/param in float32);
-    "exp_avg", "exp_avg_sq", "step" per AdamW tensor.
+    group's lr and weight_decay, which default to lr_1d and weight_decay_1d (the reference's adamw_lr
+    and adamw_wd: 3e-3, 0.1), betas_1d (0.9, 0.95) and eps; the reference's keyword names (adamw_lr,
+    adamw_betas, adamw_eps, adamw_wd) are accepted too. State: "momentum_buffer" per matrix (4
+    bytes/param in float32); "exp_avg", "exp_avg_sq", "step" per AdamW tensor.
 
         opt = Muon(param_groups(model, "muon"), lr=0.02)   # or Muon(muon_params=..., adamw_params=...)
     """
 
     owner = "Muon"
 
+    @reference_names
     def __init__(
         self,
         params=None,
@@ -288,23 +286,23 @@ class Muon(MatrixOptimizer):
         *,
         muon_params=None,
         adamw_params=None,
-        adamw_lr=3e-3,
-        adamw_betas=(0.9, 0.95),
-        adamw_eps=1e-8,
-        adamw_wd=0.1,
+        lr_1d=3e-3,
+        betas_1d=(0.9, 0.95),
+        eps=1e-8,
+        weight_decay_1d=0.1,
         fused=None,
         process_group=None,
     ):
-        _checks.non_negative(self.owner, "adamw_lr", adamw_lr)
-        _checks.non_negative(self.owner, "adamw_wd", adamw_wd)
+        _checks.non_negative(self.owner, "lr_1d", lr_1d)
+        _checks.non_negative(self.owner, "weight_decay_1d", weight_decay_1d)
         defaults = dict(
             lr=lr,
             momentum=momentum,
             nesterov=nesterov,
             ns_steps=ns_steps,
             weight_decay=weight_decay,
-            adamw_betas=tuple(adamw_betas),
-            adamw_eps=adamw_eps,
+            adamw_betas=tuple(betas_1d),
+            adamw_eps=eps,
         )
         super().__init__(
             params,
@@ -312,7 +310,7 @@ class Muon(MatrixOptimizer):
             adamw_params,
             defaults,
             fused,
-            adamw_group_defaults={"lr": adamw_lr, "weight_decay": adamw_wd},
+            adamw_group_defaults={"lr": lr_1d, "weight_decay": weight_decay_1d},
             process_group=process_group,
         )
 
@@ -322,8 +320,14 @@ class Muon(MatrixOptimizer):
 
     def _momentum(self, group, grads, states, outs, scales) -> None:
         bufs = self._buffers_of(states, "momentum_buffer")
-        impl = _kernels.select(self.fused, grads, bufs)
-        impl.sgd_momentum_(grads, bufs, outs, momentum=group["momentum"], nesterov=group["nesterov"])
+        _kernels.update(
+            rules.sgd_momentum,
+            [grads, bufs],
+            [bufs, outs],
+            fused=self.fused,
+            options={"nesterov": group["nesterov"]},
+            momentum=group["momentum"],
+        )
 
     def _scale(self, rows: int, cols: int) -> float:
         return max(1.0, rows / cols) ** 0.5
@@ -335,42 +339,44 @@ class Moonlight(MatrixOptimizer):
     Matrices: M <- beta M + (1 - beta) G; X <- X (1 - lr wd) - lr 0.2 sqrt(max(A, B)) NS(M), with the
     Moonlight Newton-Schulz (bfloat16) and the weight decay on the unscaled lr. nesterov=True
     orthogonalises (1 - beta) G + beta M instead (Moonshot's default; proportional to their
-    g + mu buf). Other tensors: AdamW with the same lr and weight decay, adamw_betas and eps not
+    g + mu buf). Other tensors: AdamW with the same lr and weight decay, betas_1d and eps not
     bias-corrected: m / (eps + sqrt(v)) sqrt(1 - beta2^t) / (1 - beta1^t). Accepts the reference's
-    keywords (lr, wd, muon_params, momentum, nesterov, ns_steps, adamw_params, adamw_betas, adamw_eps).
+    positional order and keywords (lr, wd, muon_params, momentum, nesterov, ns_steps, adamw_params,
+    adamw_betas, adamw_eps); this package's names are weight_decay, betas_1d and eps.
     State: "momentum_buffer" per matrix; "exp_avg", "exp_avg_sq", "step" per AdamW tensor.
 
-        opt = Moonlight(param_groups(model, "moonlight"), lr=6e-3, wd=0.1)
+        opt = Moonlight(param_groups(model, "moonlight"), lr=6e-3, weight_decay=0.1)
     """
 
     owner = "Moonlight"
     ns_form = "moonlight"
     adamw_eps_form = "moonlight"
 
+    @reference_names
     def __init__(
         self,
         params=None,
         lr=1e-3,
-        wd=0.1,
+        weight_decay=0.1,
         muon_params=None,
         momentum=0.95,
         nesterov=False,
         ns_steps=5,
         adamw_params=None,
-        adamw_betas=(0.9, 0.95),
-        adamw_eps=1e-8,
+        betas_1d=(0.9, 0.95),
+        eps=1e-8,
         *,
         fused=None,
         process_group=None,
     ):
         defaults = dict(
             lr=lr,
-            weight_decay=wd,
+            weight_decay=weight_decay,
             momentum=momentum,
             nesterov=nesterov,
             ns_steps=ns_steps,
-            adamw_betas=tuple(adamw_betas),
-            adamw_eps=adamw_eps,
+            adamw_betas=tuple(betas_1d),
+            adamw_eps=eps,
         )
         super().__init__(params, muon_params, adamw_params, defaults, fused, process_group=process_group)
 
@@ -380,8 +386,14 @@ class Moonlight(MatrixOptimizer):
 
     def _momentum(self, group, grads, states, outs, scales) -> None:
         bufs = self._buffers_of(states, "momentum_buffer")
-        impl = _kernels.select(self.fused, grads, bufs)
-        impl.ema_momentum_(grads, bufs, outs, beta=group["momentum"], nesterov=group["nesterov"])
+        _kernels.update(
+            rules.ema_momentum,
+            [grads, bufs],
+            [bufs, outs],
+            fused=self.fused,
+            options={"nesterov": group["nesterov"]},
+            beta=group["momentum"],
+        )
 
     def _scale(self, rows: int, cols: int) -> float:
         return 0.2 * max(rows, cols) ** 0.5
@@ -434,37 +446,5 @@ class MoonlightConfig(ConfigChecks):
         self._at_least_one("ns_steps")
 
 
-def build_muon(model: nn.Module, cfg: MuonConfig, process_group=None) -> Muon:
-    return Muon(
-        param_groups(model, "muon"),
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        nesterov=cfg.nesterov,
-        ns_steps=cfg.ns_steps,
-        weight_decay=cfg.weight_decay,
-        adamw_lr=cfg.lr_1d,
-        adamw_betas=tuple(cfg.betas_1d),
-        adamw_eps=cfg.eps,
-        adamw_wd=cfg.weight_decay_1d,
-        fused=cfg.fused,
-        process_group=process_group,
-    )
-
-
-def build_moonlight(model: nn.Module, cfg: MoonlightConfig, process_group=None) -> Moonlight:
-    return Moonlight(
-        param_groups(model, "moonlight"),
-        lr=cfg.lr,
-        wd=cfg.weight_decay,
-        momentum=cfg.momentum,
-        nesterov=cfg.nesterov,
-        ns_steps=cfg.ns_steps,
-        adamw_betas=tuple(cfg.betas_1d),
-        adamw_eps=cfg.eps,
-        fused=cfg.fused,
-        process_group=process_group,
-    )
-
-
-register("muon", MuonConfig, build_muon, grouping="matrix")
-register("moonlight", MoonlightConfig, build_moonlight, grouping="matrix")
+register("muon", MuonConfig, Muon, grouping="matrix")
+register("moonlight", MoonlightConfig, Moonlight, grouping="matrix")

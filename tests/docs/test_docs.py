@@ -19,9 +19,7 @@ README_MAX_LINES = 350
 # Pages that other changes are writing. A link to one of them is accepted while the page does not
 # exist yet; once it exists its links and headings are checked like any other page's.
 # Remove an entry when its page has landed.
-PENDING_PAGES = {
-    "docs/hacking.md",  # the researcher's change paths
-}
+PENDING_PAGES: set[str] = set()
 
 # An example that needs what a test cannot provide (a trained run dir, an export, a GPU) says so with
 # one of these placeholders (a CUDA test is marked as one); it is only compiled. Every other ```python

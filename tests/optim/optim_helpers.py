@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 STEPS = 20
-# A mix of matrices (one large enough for the compiled kernels: >= _fused.FUSED_MIN_NUMEL entries;
+# A mix of matrices (one large enough for the compiled kernels: >= _kernels.FUSED_MIN_NUMEL entries;
 # the rest take the multi-tensor path even when fused), 1-D and 3-D tensors.
 SHAPES = [(6, 5), (4, 7), (256, 160), (5,), (3, 4, 2)]
 # Gradient scales: some tensors' c has norm > 1 (clipped), others < 1 (not clipped).

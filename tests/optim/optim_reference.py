@@ -72,20 +72,23 @@ def adamw(p, g, state, *, lr, betas, eps, wd, eps_form="torch", amsgrad=False):
         p.add_(m / (eps + v.sqrt()), alpha=-lr * math.sqrt(1 - b2**t) / (1 - b1**t))
 
 
-def mars_c(g, g_prev, gamma, beta1, clip):
-    """c = g + gamma beta1/(1-beta1) (g - g_prev), clipped to unit norm per tensor."""
-    c = g + gamma * beta1 / (1 - beta1) * (g - g_prev)
+def mars_c(g, g_prev, gamma, beta1, clip, c_fn=None):
+    """c = g + gamma beta1/(1-beta1) (g - g_prev) (or c_fn(g, g_prev, gamma, beta1) for a variant),
+    clipped to unit norm per tensor."""
+    c = g + gamma * beta1 / (1 - beta1) * (g - g_prev) if c_fn is None else c_fn(g, g_prev, gamma, beta1)
     if clip and c.norm() > 1:
         c = c / c.norm()
     return c
 
 
-def mars(p, g, g_prev, state, *, mars_type, lr, betas, eps, wd, gamma, clip, matrix, amsgrad=False):
+def mars(
+    p, g, g_prev, state, *, mars_type, lr, betas, eps, wd, gamma, clip, matrix, amsgrad=False, c_fn=None
+):
     """One MARS step on a tensor taking the MARS path (spec section 1); `matrix`: it takes the 2-D rule."""
     b1, b2 = betas
     state["step"] = state.get("step", 0) + 1
     t = state["step"]
-    c = mars_c(g, g_prev, gamma, b1, clip)
+    c = mars_c(g, g_prev, gamma, b1, clip, c_fn)
     m = state.setdefault("m", torch.zeros_like(p))
     m.mul_(b1).add_(c, alpha=1 - b1)
     if mars_type == "mars-adamw" or (mars_type == "mars-shampoo" and not matrix):
@@ -129,9 +132,9 @@ def moonlight(p, g, state, *, lr, momentum, nesterov, wd):
     moonlight_update(p, ns_moonlight(U), lr, wd)
 
 
-def mars_m(p, g, g_prev, state, *, lr, momentum, gamma, clip, wd):
+def mars_m(p, g, g_prev, state, *, lr, momentum, gamma, clip, wd, c_fn=None):
     M = state.setdefault("M", torch.zeros_like(p))
-    c = mars_c(g, g_prev, gamma, momentum, clip)
+    c = mars_c(g, g_prev, gamma, momentum, clip, c_fn)
     M.mul_(momentum).add_(c, alpha=1 - momentum)
     moonlight_update(p, ns_moonlight(M), lr, wd)
 

@@ -46,6 +46,7 @@ def reference_run(
     amsgrad=False,
     gammas=None,
     hp=HP,
+    c_fn=None,
 ):
     params = [p.clone() for p in params0]
     states = [{} for _ in params]
@@ -68,6 +69,7 @@ def reference_run(
                     clip=clip,
                     matrix=matrix,
                     amsgrad=amsgrad,
+                    c_fn=c_fn,
                 )
             else:
                 ref.adamw(
@@ -328,25 +330,27 @@ def test_approx_keeps_a_copy_not_a_reference_to_grad(fused):
 
 
 def test_default_path_uses_the_compiled_kernels_where_a_compiler_exists():
-    from mars.optim import _foreach, _fused, _kernels
+    from mars.optim import _kernels
 
     big, small = torch.zeros(256, 160), torch.zeros(5)
-    if not _fused.available(big.device):
-        assert _kernels.select(None, [big]) is _foreach
+    assert small.numel() < _kernels.FUSED_MIN_NUMEL <= big.numel()
+    if not _kernels.available(big.device):
+        assert _kernels.compiled_indices(None, [[big, small]]) == []
         return
-    assert _kernels.select(None, [big]) is _fused and _kernels.select(False, [big]) is _foreach
+    assert _kernels.compiled_indices(None, [[big, small]]) == [0]  # the small tensor: multi-tensor
+    assert _kernels.compiled_indices(False, [[big, small]]) == []
+    assert _kernels.compiled_indices(None, [[big.t(), small]]) == []  # not contiguous
     p, q = torch.nn.Parameter(torch.randn(256, 160)), torch.nn.Parameter(torch.randn(5))
     p.grad, q.grad = torch.randn(256, 160), torch.randn(5)
     MARS([p, q], optimize_1d=True).step()
-    assert _fused._mars_adamw._compiled is not None and _fused._correction_sq._compiled is not None
-    assert small.numel() < _fused.FUSED_MIN_NUMEL <= big.numel()
+    assert "mars_adamw" in _kernels.compiled_rules()  # c clipped by its own norm inside the kernel
 
 
 def test_mars_optim_fused_0_makes_the_multi_tensor_path_the_default(monkeypatch):
-    from mars.optim import _foreach, _fused, _kernels
+    from mars.optim import _kernels
 
     big = torch.zeros(256, 160)
     monkeypatch.setenv(_kernels.DEFAULT_ENV, "0")
-    assert _kernels.select(None, [big]) is _foreach
-    if _fused.available(big.device):
-        assert _kernels.select(True, [big]) is _fused  # an explicit fused=True still compiles
+    assert _kernels.compiled_indices(None, [[big]]) == []
+    if _kernels.available(big.device):
+        assert _kernels.compiled_indices(True, [[big]]) == [0]  # an explicit fused=True still compiles

@@ -25,6 +25,7 @@ import multiprocessing as mp
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,23 @@ def _init_worker(tokenizer: str) -> None:
     encode_batch(["warm up"], tokenizer)
 
 
+@contextmanager
+def _spawn_default() -> Iterator[None]:
+    """Make "spawn" the process-wide start method while the pool starts its workers. A spawned child
+    first sets the parent's default start method, and inside a joblib worker (Hydra's parallel
+    launcher: a sweep whose first job prepares the embedded corpus) that is "loky", which a fresh
+    child does not know: every worker would die at start and the pool would replace it forever."""
+    method = mp.get_start_method(allow_none=True)
+    if method in (None, "spawn", "fork", "forkserver"):
+        yield
+        return
+    mp.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        mp.set_start_method(method, force=True)
+
+
 def tokenize_batches(
     batches: Iterator[list[str]], workers: int, tokenizer: str = GPT2
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -97,7 +115,10 @@ def tokenize_batches(
             yield encode_documents(texts, tokenizer)
         return
     # spawn, not fork: the parent may hold threads (datasets' streaming, torch) that fork would copy mid-lock.
-    with mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+    with (
+        _spawn_default(),
+        mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool,
+    ):
         pending: deque = deque()
         for texts in batches:
             pending.append(pool.apply_async(encode_documents, (texts, tokenizer)))

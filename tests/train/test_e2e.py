@@ -260,10 +260,12 @@ def test_unknown_option_is_one_line_from_the_real_command(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "outputs").exists()
 
 
-def test_parallel_launcher_runs_two_cpu_jobs_at_once(data_root, tmp_path):
-    """hydra/launcher=parallel: both jobs of a 2-job sweep run at the same time, each in its own dir."""
+def test_parallel_launcher_runs_two_cpu_jobs_at_once(tmp_path):
+    """hydra/launcher=parallel: both jobs of a 2-job sweep run at the same time, each in its own dir;
+    the data is not prepared yet, as on a fresh clone: the first job prepares it with tokenizer worker
+    processes of its own (inside a joblib worker, whose default start method a child cannot use)."""
     sweep = tmp_path / "sweep"
-    overrides = tiny_overrides(data_root, max_steps=6, eval_steps=0, cpu_threads=1)
+    overrides = tiny_overrides(tmp_path / "data", max_steps=6, eval_steps=0, cpu_threads=1)
     run(
         [PYTHON, TRAIN, "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "train.seed=1,2",
          *overrides, f"hydra.sweep.dir={sweep}"],

@@ -10,7 +10,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-WANDB_MODES = ("online", "offline", "disabled")
+from mars.train.config import WANDB_MODES as WANDB_MODES  # one list: logger.wandb.mode and wandb.mode
 
 
 @dataclass

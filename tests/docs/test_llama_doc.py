@@ -3,6 +3,7 @@ and every preset of configs/model/ it names exists."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,8 +17,9 @@ DOC = (REPO / "docs" / "llama.md").read_text(encoding="utf-8")
 
 def test_the_python_example_runs(tmp_path):
     (code,) = re.findall(r"```python\n(.*?)```", DOC, flags=re.S)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["Llama", "2", "LlamaForCausalLM"]

@@ -126,6 +126,7 @@ def test_wandb_gets_flat_scores_and_the_table(run_dir, monkeypatch):
     fake.init = lambda **kw: calls.setdefault("init", kw) and FakeRun()
     fake.Table = lambda columns: types.SimpleNamespace(columns=columns, add_data=lambda *row: None)
     monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # (the suite sets it to disabled; it would win)
     overrides = ["tasks=smoke", "limit=4", "wandb.mode=offline", "wandb.project=p"]
     (result,) = run(config(f"ckpt={run_dir}", *overrides))
     init = calls["init"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU-scale study (README, "A CPU-scale study"): lr sweeps for AdamW and MARS-AdamW and a gamma
 # sweep for MARS-AdamW, 3 seeds each (27 runs of experiment=micro/*, JOBS at a time through
-# hydra/launcher=parallel), then the report against the best AdamW lr. About 40 minutes on 2 CPU cores.
+# hydra/launcher=parallel), then the report against the best AdamW lr. About 45 minutes on 2 CPU cores.
 #   bash scripts/micro_study.sh [OUT_DIR]          # default multirun/micro; JOBS=2, PYTHON=python
 #   MODEL=llama_tiny bash scripts/micro_study.sh multirun/micro_llama   # the same study on LLaMA
 set -euo pipefail

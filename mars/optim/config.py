@@ -23,10 +23,7 @@ class ConfigChecks:
 
     def _fail(self, key: str, rule: str) -> None:
         """A rule between keys that no single check states: optimizer.KEY=VALUE RULE (optimizer=NAME)."""
-        try:
-            checks.fail(f"optimizer.{key}", getattr(self, key), rule)
-        except ValueError as e:
-            raise ValueError(f"{e} (optimizer={self.name})") from None
+        self._check(checks.fail, key, rule)
 
     def _check(self, check, key: str, *args) -> None:
         try:

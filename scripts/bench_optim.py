@@ -210,7 +210,7 @@ def _model(n_layer: int, shard=None):
 
 def _random_grads(model) -> None:
     """The same gradients on every rank (and in the W=1 run): drawn whole, sliced for DTensor shards."""
-    from mars.model.io import copy_full_
+    from mars.model.lm import copy_full_
 
     gen = torch.Generator().manual_seed(1)
     for p in model.parameters():

@@ -14,9 +14,9 @@ from __future__ import annotations
 import sys
 
 from mars.checkpoint import CheckpointError
+from mars.checkpoint.export import export_hf
 from mars.data.errors import DataError
 from mars.entry import ArgumentParser
-from mars.model.hf import export_hf
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,27 +13,21 @@ from .config import GammaScheduleConfig, OptimizerConfig, each, reference_names
 from .muon import MATRIX, VALUE_CHECKS, MatrixOptimizer
 from .registry import register
 
+# What the lean variant (lean=true), the unclipped approximate MARS-M with one buffer, refuses:
+# (key, refused(value), why)
+LEAN_RULES = (
+    ("clip_c", bool, "cannot be true with lean=true: the lean variant is the unclipped MARS-M; drop clip_c"),
+    ("approx", lambda v: v is False, "must be true with lean=true: the lean variant is approximate only"),
+    ("diagnostics", bool, "needs lean=false: the lean variant keeps no g_prev to measure c_t against"),
+    ("momentum", lambda v: v == 0, "must be > 0 with lean=true: the lean update divides by it"),
+)
+
 
 def lean_checks(values):
-    """The lean variant (lean=true) is the unclipped approximate MARS-M with one buffer."""
-    if values.get("lean") is not True:
-        return
-    if values.get("clip_c"):
-        yield (
-            "clip_c",
-            values["clip_c"],
-            "cannot be true with lean=true: the lean variant is the unclipped MARS-M",
-        )
-    if values.get("approx") is False:
-        yield "approx", False, "must be true with lean=true: the lean variant is approximate only"
-    if values.get("diagnostics"):
-        yield (
-            "diagnostics",
-            values["diagnostics"],
-            "needs lean=false: the lean variant keeps no previous gradient",
-        )
-    if values.get("momentum") == 0:
-        yield "momentum", values["momentum"], "must be > 0 with lean=true: the lean update divides by it"
+    if values.get("lean") is True:
+        for key, refused, why in LEAN_RULES:
+            if key in values and refused(values[key]):
+                yield key, values[key], why
 
 
 # MARS-M's values: the matrix optimizers', gamma, its flags and the lean variant's (mars.optim.config)

@@ -1,4 +1,4 @@
-"""RUN_DIR/outcome.json: how a run ended, for launchers (the study tells a divergence from a failure by it)."""
+"""RUN_DIR/outcome.json: how a run ended, for launchers (the study tells divergence from failure by it)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from mars.train.outcome import read_outcome
 from mars.train.trainer import Trainer
 
 
-def test_each_run_records_how_it_ended_and_a_failure_records_nothing(monkeypatch, capsys, tmp_path, data_root):
+def test_each_run_records_how_it_ended_and_a_failure_nothing(monkeypatch, capsys, tmp_path, data_root):
     run = tmp_path / "run"
     before = time.time()
-    code, _, err = run_cli(monkeypatch, capsys, [*tiny_overrides(data_root, max_steps=2), f"hydra.run.dir={run}"])
+    args = [*tiny_overrides(data_root, max_steps=2), f"hydra.run.dir={run}"]
+    code, _, err = run_cli(monkeypatch, capsys, args)
     assert code == 0, err
     completed = read_outcome(run, since=before)
     assert completed["status"] == "completed"

@@ -189,6 +189,13 @@ def test_a_study_dir_of_another_spec_is_refused_with_the_differences(tmp_path):
     line = str(e.value)
     assert "holds a study of another spec" in line and "\n" not in line
     assert "study.trials: 4 then, 5 now" in line and "study.final.seeds: [1, 2] then, [1, 2, 3] now" in line
+    with pytest.raises(StudyError, match=r"study.base: -train.max_steps=4 \+train.max_steps=8 now"):
+        driver_of(
+            study_of(
+                tmp_path / "x",
+                base=[*smoke_spec()["base"][:6], "train.max_steps=8"] + smoke_spec()["base"][7:],
+            )
+        )
     driver_of(study_of(tmp_path / "x", **{"launcher.n_jobs": 1}))  # how it runs may change
 
 

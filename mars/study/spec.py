@@ -308,11 +308,9 @@ def differences(old: dict, new: dict, prefix: str = "study") -> list[str]:
         elif (
             isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in a + b) and a != b
         ):
-            gone, new = [x for x in a if x not in b], [x for x in b if x not in a]
-            change = [*(f"-{x}" for x in gone), *(f"+{x}" for x in new)] or [
-                "the same items in another order"
-            ]
-            out.append(f"{where}: {' '.join(change)} now")
+            gone, added = [x for x in a if x not in b], [x for x in b if x not in a]
+            change = [*(f"-{x}" for x in gone), *(f"+{x}" for x in added)]
+            out.append(f"{where}: {' '.join(change) or 'the same items in another order'} now")
         elif not _same(a, b):
             out.append(f"{where}: {a!r} then, {b!r} now")
     return out

@@ -49,7 +49,7 @@ from mars.study.records import (
 from mars.study.samplers import make_sampler
 from mars.study.space import distributions
 from mars.study.spec import Arm, Study, differences, identity
-from mars.study.storage import ASK_LOCK, DriverLock, held, open_storage
+from mars.study.storage import ASK_LOCK, DriverLock, held, is_locked, open_storage
 from mars.study.trials import (
     LAUNCH_LOG,
     Job,
@@ -503,6 +503,12 @@ class Driver:
             ) from None
 
     def _start(self, job: Job, t0: float):
+        from mars.train.runlock import LOCK_FILE
+
+        if job.resume and is_locked(job.run_dir / LOCK_FILE):  # the process of its dead driver still saves
+            self.say(f"{job.label}: waiting for the process that ran it to stop (it is saving a checkpoint)")
+            while is_locked(job.run_dir / LOCK_FILE):
+                time.sleep(max(self.poll_s, 0.5))
         job.attempts += 1
         job.started = time.time()
         handle = self.launcher.start(job)

@@ -87,6 +87,35 @@ def test_a_failed_trial_stops_the_study_in_one_line_and_stays_to_rerun(tmp_path,
     assert [t.status for t in state.search if t.index == 1] == ["running"]
 
 
+def test_an_adopted_trial_waits_until_its_old_process_let_go_of_the_run_dir(tmp_path, monkeypatch):
+    import time
+
+    from mars.train import runlock
+
+    study = study_of(tmp_path / "w")
+    monkeypatch.setenv("FAKE_FAIL", "search/adamw/000")
+    with pytest.raises(StudyError):
+        run_fake(study)
+    monkeypatch.delenv("FAKE_FAIL")
+    run_dir, released = study.dir / "search" / "adamw" / "000", []
+
+    def old_process():  # still saving its checkpoint when the study is rerun
+        with runlock.hold(run_dir):
+            time.sleep(0.5)
+            released.append(time.time())
+
+    holder = threading.Thread(target=old_process)
+    holder.start()
+    time.sleep(0.1)
+    launcher = FakeLauncher()
+    starts = {}
+    real_start = launcher.start
+    launcher.start = lambda job: starts.setdefault(job.run_dir, time.time()) and real_start(job)
+    run_fake(study, launcher)
+    holder.join()
+    assert starts[run_dir] >= released[0]
+
+
 def test_two_drivers_on_one_storage_never_run_a_trial_twice(tmp_path):
     study = study_of(tmp_path / "two", trials=6)
     launchers = [FakeLauncher(capacity=1), FakeLauncher(capacity=1)]

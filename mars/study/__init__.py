@@ -5,6 +5,7 @@
 spec.py       the study spec (configs/study/NAME.yaml): its schema, composition and value checks
 space.py      a search space: each searched key's distribution -> optuna's; widening a range
 configs.py    each arm's training config, composed and checked at the corners of its space
+preflight.py  the study dir and storage belong to this spec, run dirs to its trials; the budget
 samplers.py   Sobol' (QMC), random and TPE, drawing trial N from (seed, N) alone
 storage.py    the optuna storage (SQLite by default, any RDB URL), the ask lock, driver liveness
 records.py    the storage's study, rounds and trials read back as records

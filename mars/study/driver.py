@@ -39,6 +39,7 @@ import yaml
 from mars.study.configs import ArmConfig, check_arm, prepare_data, study_dir_ok, valid
 from mars.study.errors import StudyError
 from mars.study.extend import Round, edges_of, widen
+from mars.study.preflight import SPEC_FILE, check_dirs, check_spec_file, check_storage_spec
 from mars.study.records import (
     TrialRecord,
     records_of,
@@ -48,7 +49,7 @@ from mars.study.records import (
 )
 from mars.study.samplers import make_sampler
 from mars.study.space import distributions
-from mars.study.spec import Arm, Study, differences, identity
+from mars.study.spec import Arm, Study
 from mars.study.storage import ASK_LOCK, DriverLock, held, is_locked, open_storage
 from mars.study.trials import (
     LAUNCH_LOG,
@@ -60,7 +61,6 @@ from mars.study.trials import (
     trial_overrides,
 )
 
-SPEC_FILE = "spec.yaml"
 MAX_ATTEMPTS = 3  # a trial preempted (SIGTERM from outside) is continued this many times
 POLL_S = 0.2
 
@@ -108,102 +108,20 @@ class Driver:
         except AnalysisError as e:
             raise StudyError(f"study.metric: {e}") from None
         self.configs = {arm.name: check_arm(s, arm) for arm in s.arms}
-        self._check_spec_file()
+        check_spec_file(s)
         self.storage = open_storage(s.storage)
-        self._check_storage_spec()
-        self._check_dirs()
+        check_storage_spec(s, self.storage)
+        states = [self.arm_state(arm, create=False) for arm in s.arms]
+        check_dirs(s, [t for st in states for t in st.search + st.final])
         if self.launcher is None:
             self.launcher = make_launcher(s)
         if data:
             prepare_data(list(self.configs.values()))
 
-    def _check_spec_file(self) -> None:
-        path = self.study.dir / SPEC_FILE
-        if not path.is_file():
-            return
-        try:
-            old = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise StudyError(
-                f"{path} cannot be read ({e}); restore it, or choose another study.dir"
-            ) from None
-        diff = differences(identity(old), identity(self.study.spec))
-        if diff:
-            raise StudyError(
-                f"{self.study.dir} holds a study of another spec ({path}): {'; '.join(diff)}; rerun it with "
-                "that spec, or choose another study.dir"
-            )
-
-    def _check_storage_spec(self) -> None:
-        import optuna
-
-        name = self.study.name
-        if name not in optuna.get_all_study_names(self.storage):
-            return
-        recorded = optuna.load_study(study_name=name, storage=self.storage).user_attrs.get("spec")
-        if recorded is None:
-            return
-        diff = differences(identity(recorded), identity(self.study.spec))
-        if diff:
-            where = f"study.storage={self.study.storage} holds study {name!r}"
-            raise StudyError(
-                f"{where} of another spec: {'; '.join(diff)}; rerun it with that spec, or give this one "
-                "another study.name or study.storage"
-            )
-
-    def _check_dirs(self) -> None:
-        """Run dirs under the study dir that the storage does not know, and known finished trials whose
-        run dirs are gone: the study would lose or mix them."""
-        from mars.train.rundir import holds_a_run
-
-        known = {}
-        for arm in self.study.arms:
-            state = self.arm_state(arm, create=False)
-            for t in state.search + state.final:
-                if t.dir is not None:
-                    known[t.dir.resolve()] = t
-        storage = f"study.storage={self.study.storage}"
-        unknown = [
-            d
-            for phase in ("search", "final")
-            for d in sorted((self.study.dir / phase).glob("*/*"))
-            if d.is_dir() and holds_a_run(d) and d.resolve() not in known
-        ]
-        if unknown:
-            raise StudyError(
-                f"{unknown[0]} holds a run that {storage} does not record (was the storage replaced?): "
-                "restore that storage, or move the run away (or choose another study.dir)"
-            )
-        for path, t in known.items():
-            if t.state == "COMPLETE" and not path.is_dir():
-                raise StudyError(
-                    f"the storage records {t.arm} {t.phase} trial {t.index} as finished, but its run dir "
-                    f"{path} is gone: restore it, or start again in another study.dir"
-                )
-
     def budget_lines(self) -> list[str]:
-        s = self.study
-        lines = []
-        total_runs, total_tokens = 0, 0
-        extend = s.spec["auto_extend"]
-        for arm in s.arms:
-            c = self.configs[arm.name]
-            runs = arm.trials + s.spec["final"]["top_k"] * len(s.seeds)
-            total_runs += runs
-            total_tokens += runs * c.tokens_per_run
-            space = ", ".join(d.describe() for d in arm.space.values()) or "nothing searched"
-            lines.append(
-                f"{arm.name}{' (baseline)' if arm.name == s.baseline else ''}: optimizer={c.optimizer}, "
-                f"{arm.trials} search trials over {space}; finals: top {s.spec['final']['top_k']} x seeds "
-                f"{s.seeds}; {runs} runs x {c.tokens_per_run:,} tokens = {runs * c.tokens_per_run:,} tokens"
-            )
-        more = (
-            f" (+ up to {extend['rounds']} round(s) of {extend['trials']} trials per arm at an edge)"
-            if extend["rounds"]
-            else ""
-        )
-        lines.append(f"budget: {total_runs} runs, {total_tokens:,} training tokens{more}")
-        return lines
+        from mars.study.preflight import budget_lines
+
+        return budget_lines(self.study, self.configs)
 
     # ------------------------------------------------------------------ the storage's view
 

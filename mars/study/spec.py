@@ -159,10 +159,23 @@ def compose_spec(args: list[str]) -> dict:
         spec = OmegaConf.to_container(cfg.study, resolve=True, throw_on_missing=True)
     except Exception as e:
         if is_composition_error(e):
-            raise StudyError(one_line(e)) from None
+            raise StudyError(_with_keys(one_line(e))) from None
         raise
     spec["base"] = [*spec["base"], *training]
     return spec
+
+
+def _with_keys(message: str) -> str:
+    """A key the spec's schema has not: add the keys that node does have."""
+    import dataclasses
+    import re
+
+    m = re.search(r"Key '[^']+' not in '(\w+Spec)'", message)
+    schemas = {c.__name__: c for c in (StudySpec, ArmSpec, SamplerSpec, MetricSpec, EdgeSpec, ExtendSpec,
+                                       FinalSpec, LauncherSpec)}  # fmt: skip
+    if m is None or m.group(1) not in schemas:
+        return message
+    return f"{message}; its keys: {', '.join(f.name for f in dataclasses.fields(schemas[m.group(1)]))}"
 
 
 # ----------------------------------------------------------------------------- the checked spec

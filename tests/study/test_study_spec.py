@@ -53,7 +53,10 @@ def run_main(capsys, args) -> tuple[int, str]:
             ["study.storage='nosuchdb://host/x': SQLAlchemy knows no database"],
         ),
         (["train.seed=3"], ["sets train.seed, which the study chooses itself"]),
-        (["study.trails=3"], ["Could not override 'study.trails'"]),
+        (
+            ["study.trails=3"],
+            ["Could not override 'study.trails'", "its keys: name, dir, storage, base, arms"],
+        ),
         (["study.baseline=sgd"], ["study.baseline='sgd' is not an arm (adamw, mars_adamw)"]),
         (
             ["study.final.seeds=[1,1]"],

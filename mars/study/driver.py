@@ -48,7 +48,7 @@ from mars.study.records import (
     study_name,
 )
 from mars.study.samplers import make_sampler
-from mars.study.space import distributions
+from mars.study.space import distributions, draw
 from mars.study.spec import Arm, Study
 from mars.study.storage import ASK_LOCK, DriverLock, held, is_locked, open_storage
 from mars.study.trials import (
@@ -231,9 +231,7 @@ class Driver:
         state = self.arm_state(arm, create=True)
         for t in state.search + state.final:  # 1. orphans
             if t.state == "RUNNING" and not self.lock.alive(t.attrs.get("driver")):
-                job = self._adopt(arm, state, t)
-                if job is not None:
-                    return job
+                return self._adopt(arm, state, t)
         current = state.rounds[-1]
         in_round = [t for t in state.search if t.round == current.number and t.state != "FAIL"]
         if len(in_round) < current.trials:  # 2. a new search trial
@@ -252,50 +250,55 @@ class Driver:
             return self._ask_final(arm, state.plan, len(state.final))
         return None
 
-    def _adopt(self, arm: Arm, state: ArmState, t: TrialRecord) -> Job | None:
-        st = self._record_study(arm, state, t)
-        if t.phase == "search" and set(t.params) != set(state.rounds[t.round].sample):
-            # its driver died while drawing its values: nothing ran; the next trial takes its place
-            self._set_attrs(st, t.number, {"status": "abandoned before its values were drawn"})
-            st.tell(t.number, state=_fail_state())
-            return None
-        self._set_attrs(st, t.number, {"driver": self.lock.id})
+    def _adopt(self, arm: Arm, state: ArmState, t: TrialRecord) -> Job:
+        """Take over an orphaned trial: finish what its driver wrote of it (a driver killed while asking
+        leaves a trial without all its values or attrs) and rerun it in its own dir."""
+        if t.phase == "search":
+            rnd = state.rounds[t.round]
+            st = self._optuna_study(study_name(self.study.name, arm.name, "search", rnd.number), rnd)
+            t = self._fill_search(arm, st, rnd, t.number)
+        else:
+            st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
+            t = self._fill_final(arm, st, state.plan, t.number)
         job = self._job(arm, t, st, fresh=False)
         self.say(f"{job.label}: its driver stopped; rerunning it in its own dir with train.resume=auto")
         return job
 
-    def _record_study(self, arm: Arm, state: ArmState, t: TrialRecord):
-        if t.phase == "search":
-            return self._optuna_study(
-                study_name(self.study.name, arm.name, "search", t.round), state.rounds[t.round]
-            )
-        return self._optuna_study(study_name(self.study.name, arm.name, "final"))
-
     def _ask_search(self, arm: Arm, rnd: Round) -> Job:
         st = self._optuna_study(study_name(self.study.name, arm.name, "search", rnd.number), rnd)
-        trial = st.ask(distributions(rnd.sample))
-        index = rnd.offset + trial.number
-        trial.set_user_attr("driver", self.lock.id)
-        trial.set_user_attr("dir", str(search_dir(self.study.dir, arm.name, index)))
-        rec = records_of_one(st, trial.number, arm.name, rnd)
-        return self._job(arm, rec, st, fresh=True)
+        trial = st.ask()
+        return self._job(arm, self._fill_search(arm, st, rnd, trial.number, trial), st, fresh=True)
+
+    def _fill_search(self, arm: Arm, st, rnd: Round, number: int, trial=None) -> TrialRecord:
+        """Trial `number`'s values (drawn by the round's sampler, which the trial's number decides; any
+        already stored stay), its run dir and this driver as its owner."""
+        import optuna
+
+        if trial is None:  # an orphan: its values may be missing if its driver died while asking
+            study_id = self.storage.get_study_id_from_name(st.study_name)
+            trial = optuna.Trial(st, self.storage.get_trial_id_from_study_id_trial_number(study_id, number))
+        draw(trial, rnd.sample)
+        run_dir = search_dir(self.study.dir, arm.name, rnd.offset + number)
+        self._set_attrs(st, number, {"driver": self.lock.id, "dir": str(run_dir)})
+        return records_of_one(st, number, arm.name, rnd)
 
     def _ask_final(self, arm: Arm, plan: list[dict], i: int) -> Job:
         st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
-        trial = st.ask()
-        if trial.number != i:  # the plan's entries are taken in order under the ask lock
+        number = st.ask().number
+        if number != i:  # the plan's entries are taken in order under the ask lock
             raise StudyError(
-                f"{arm.name}: final trial {trial.number} was asked for plan entry {i}: the storage is "
+                f"{arm.name}: final trial {number} was asked for plan entry {i}: the storage is "
                 "inconsistent (was it changed by hand?)"
             )
-        entry = plan[i]
-        trial.set_user_attr("driver", self.lock.id)
-        trial.set_user_attr("params", entry["params"])
-        trial.set_user_attr("rank", entry["rank"])
-        trial.set_user_attr("seed", entry["seed"])
-        trial.set_user_attr("dir", str(final_dir(self.study.dir, arm.name, entry["rank"], entry["seed"])))
-        rec = [r for r in records_of(st, arm.name, "final") if r.number == i][0]
-        return self._job(arm, rec, st, fresh=True)
+        return self._job(arm, self._fill_final(arm, st, plan, number), st, fresh=True)
+
+    def _fill_final(self, arm: Arm, st, plan: list[dict], number: int) -> TrialRecord:
+        """Final trial `number` is the plan's entry `number`: its values, rank, seed, run dir, owner."""
+        entry = plan[number]
+        run_dir = final_dir(self.study.dir, arm.name, entry["rank"], entry["seed"])
+        attrs = {"params": entry["params"], "rank": entry["rank"], "seed": entry["seed"], "dir": str(run_dir)}
+        self._set_attrs(st, number, {"driver": self.lock.id, **attrs})
+        return [r for r in records_of(st, arm.name, "final") if r.number == number][0]
 
     def _job(self, arm: Arm, t: TrialRecord, st, fresh: bool) -> Job:
         """The job of trial t: a fresh trial in a new run dir, or (fresh=False) an interrupted one
@@ -368,14 +371,15 @@ class Driver:
 
         s = self.study
         s.dir.mkdir(parents=True, exist_ok=True)
-        spec_file = s.dir / SPEC_FILE
-        if not spec_file.is_file():
-            from mars.files import write_atomic
+        with held(s.dir / ASK_LOCK):  # the first of several drivers writes the spec
+            spec_file = s.dir / SPEC_FILE
+            if not spec_file.is_file():
+                from mars.files import write_atomic
 
-            write_atomic(spec_file, yaml.safe_dump(s.spec, sort_keys=False))
-        meta = optuna.create_study(storage=self.storage, study_name=s.name, load_if_exists=True)
-        if "spec" not in meta.user_attrs:
-            meta.set_user_attr("spec", s.spec)
+                write_atomic(spec_file, yaml.safe_dump(s.spec, sort_keys=False))
+            meta = optuna.create_study(storage=self.storage, study_name=s.name, load_if_exists=True)
+            if "spec" not in meta.user_attrs:
+                meta.set_user_attr("spec", s.spec)
         self.lock.acquire()
         self.started_at = time.time()
         main = threading.current_thread() is threading.main_thread()
@@ -483,12 +487,6 @@ class Driver:
 
 def records_of_one(st, number: int, arm: str, rnd: Round) -> TrialRecord:
     return [r for r in records_of(st, arm, "search", rnd.number, rnd.offset) if r.number == number][0]
-
-
-def _fail_state():
-    from optuna.trial import TrialState
-
-    return TrialState.FAIL
 
 
 def _stop(running: list) -> int:

@@ -183,3 +183,17 @@ def parse_space(search: dict, where: str) -> dict[str, Dist]:
 
 def distributions(space: dict[str, Dist]) -> dict:
     return {key: d.distribution() for key, d in space.items()}
+
+
+def draw(trial, space: dict[str, Dist]) -> dict:
+    """Each key's value for an optuna trial, through its public suggest API (the study's sampler draws
+    them; a value the trial already holds is kept)."""
+    out = {}
+    for key, d in space.items():
+        if d.kind in ("loguniform", "uniform"):
+            out[key] = trial.suggest_float(key, float(d.lo), float(d.hi), log=d.log)
+        elif d.kind in ("int", "logint"):
+            out[key] = trial.suggest_int(key, int(d.lo), int(d.hi), log=d.log)
+        else:
+            out[key] = trial.suggest_categorical(key, [_hashable(c) for c in d.choices])
+    return out

@@ -53,6 +53,17 @@ def test_an_interrupted_study_draws_what_an_uninterrupted_one_does(tmp_path, mon
     assert ("adamw", "000") not in reran  # a finished trial never runs again
 
 
+def test_a_trial_left_half_asked_by_a_killed_driver_is_completed_by_the_next(tmp_path):
+    from mars.study.records import study_name
+
+    whole = trials_of(run_fake(study_of(tmp_path / "whole")))
+    study = study_of(tmp_path / "cut")
+    killed = driver_of(study)
+    rnd = killed.arm_state(study.arm("mars_adamw"), create=True).rounds[0]
+    killed._optuna_study(study_name(study.name, "mars_adamw", "search", 0), rnd).ask()  # no values, no owner
+    assert trials_of(run_fake(study)) == whole
+
+
 def test_a_diverged_trial_counts_ranks_worst_and_is_reported(tmp_path):
     study = study_of(tmp_path / "d", **{"arms.adamw.search.optimizer.lr.hi": 1.0})
     driver = run_fake(study)

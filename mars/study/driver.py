@@ -89,7 +89,6 @@ class Driver:
         self._studies: dict[str, object] = {}
         self._valid: dict[tuple, str | None] = {}
         self.stopping = False
-        self.started_at = 0.0
         self._started: dict[str, int] = {}
         self._names: set[str] = set()
         self._ids: dict[tuple[str, int], int] = {}
@@ -381,7 +380,6 @@ class Driver:
             if "spec" not in meta.user_attrs:
                 meta.set_user_attr("spec", s.spec)
         self.lock.acquire()
-        self.started_at = time.time()
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
         try:

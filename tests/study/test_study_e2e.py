@@ -80,11 +80,13 @@ def test_a_driver_killed_mid_way_resumes_with_only_the_missing_trials(tmp_path, 
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     after = _lines(ledger)[len(before) :]
-    started = [line.split()[0] for line in before + after if line.endswith("fresh")]
-    assert len(started) == len(set(started)) == 12  # every trial started once
-    reruns = [line.split()[0] for line in after if line.endswith("resume")]
-    assert 1 <= len(reruns) <= 2  # the one or two that were running, each in its own dir
-    assert set(reruns) <= {line.split()[0] for line in before}
+    runs = [tuple(line.split()) for line in before + after]  # (run dir, fresh | resume)
+    fresh = [d for d, how in runs if how == "fresh"]
+    assert len(fresh) == len(set(fresh))  # no trial starts from scratch twice
+    assert len({d for d, _ in runs}) == 12  # every trial ran
+    again = {line.split()[0] for line in after} & {line.split()[0] for line in before}
+    assert len(again) <= 2  # only what was running when the driver died runs again ...
+    assert all(how == "resume" for d, how in runs[len(before) :] if d in again)  # ... continued in its dir
 
     whole = run_fake(study_of(tmp_path / "whole"))  # the same spec and seed, never interrupted
     same = study_of(study_dir, base=[*smoke_spec()["base"], f"data.root={data_root}"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -84,6 +85,28 @@ def job_command(per_job: int, overrides: list[str], run_dir: Path) -> list[str]:
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={per_job}",
         "-m", "mars.train", *args,
     ]  # fmt: skip
+
+
+def preemption_signals() -> list[signal.Signals]:
+    """The signal a cluster launcher sends before it ends a job, besides SIGTERM: under submitit
+    (hydra/launcher=submitit_slurm or submitit_local) SIGUSR2 (or $SUBMITIT_PREEMPT_SIGNAL), which it
+    asks SLURM to send `signal_delay_s` seconds before the time limit, and on which its own handler
+    requeues the job. The trainer stops on it as on SIGTERM (the step finishes, a checkpoint is saved),
+    then `pass_on` hands it to that handler."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return []
+    sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    return [sig] if isinstance(sig, signal.Signals) else []
+
+
+def pass_on(signum: int | None) -> None:
+    """After a run stopped (and saved) on a cluster launcher's signal: call the handler the launcher
+    installed for it (submitit: requeue the job with the same arguments, and exit on rank 0)."""
+    if signum not in preemption_signals():
+        return
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        handler(signum, None)
 
 
 def wants_own_gpus(cfg) -> bool:

@@ -133,9 +133,22 @@ def run_on_own_gpus(cfg) -> None:
     with claim_slot(Path(hc.sweep.dir) / SLOTS_DIR, slots) as gpus:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
         log.info(f"job {hc.job.num}: GPUs {','.join(gpus)} -> {run_dir}")
-        proc = subprocess.run(job_command(per_job, overrides, run_dir), env=env)
-    if proc.returncode != 0:
+        returncode = run_job(job_command(per_job, overrides, run_dir), env)
+    if returncode != 0:
         raise RuntimeError(
-            f"sweep job {hc.job.num} ({' '.join(overrides)}) failed with exit status {proc.returncode}; "
+            f"sweep job {hc.job.num} ({' '.join(overrides)}) failed with exit status {returncode}; "
             f"see {run_dir}"
         )
+
+
+def run_job(command: list[str], env: dict) -> int:
+    """Run a job's command to its end; its exit status. A Ctrl-C reaches the job too (one process group):
+    the job finishes its step and saves (torchrun passes the signal on to its ranks and waits for them),
+    so it is waited for before the interrupt goes on. (subprocess.run would kill it after 0.25 s,
+    mid-save; and a torchrun's ranks die with it.)"""
+    proc = subprocess.Popen(command, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.wait()  # a second Ctrl-C stops the job at once, and this wait with it
+        raise

@@ -14,7 +14,9 @@ command-line errors, 1 for the rest) before any data is read or a process group 
 
 Under torchrun every rank composes the same config, but only rank 0 keeps Hydra's output dir:
 the other ranks are told not to write one, and receive rank 0's run dir once the process group
-is up, so all ranks share one run dir.
+is up, so all ranks share one run dir. A rank dies with its torchrun agent; when a collective fails
+because another rank is gone (or silent for train.dist_timeout_min), local rank 0 of each surviving
+node says so in one line, with the command that continues the run.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 One process (plain `python train.py`) or DDP under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set
 by the launcher; nccl on CUDA, gloo on CPU). Every helper is a no-op in a single process.
 `run_local_ranks` starts ranks on this machine without torchrun (the benchmarks, the tests).
+Under torchrun: `die_with_agent` (a rank does not outlive its agent), `peer_failure` (a collective
+that failed because another rank is gone) and `agent_options` (how the agent was started, for the
+command that continues a run on several nodes).
 """
 
 from __future__ import annotations

@@ -14,13 +14,16 @@ command-line errors, 1 for the rest) before any data is read or a process group 
 
 Under torchrun every rank composes the same config, but only rank 0 keeps Hydra's output dir:
 the other ranks are told not to write one, and receive rank 0's run dir once the process group
-is up, so all ranks share one run dir.
+is up, so all ranks share one run dir. A rank dies with its torchrun agent; when a collective fails
+because another rank is gone (or silent for train.dist_timeout_min), local rank 0 of each surviving
+node says so in one line, with the command that continues the run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import sys
 from contextlib import ExitStack
@@ -42,7 +45,14 @@ from mars.entry import (
 )
 from mars.plugins import PluginError
 from mars.train.config import ConfigError, config_dir, register_configs, validate
-from mars.train.distributed import adopt_slurm_env, env_rank, env_world_size, launched_distributed
+from mars.train.distributed import (
+    adopt_slurm_env,
+    die_with_agent,
+    env_rank,
+    env_world_size,
+    launched_distributed,
+    peer_failure,
+)
 
 log = logging.getLogger("mars.train")
 
@@ -235,6 +245,7 @@ def run(cfg: DictConfig) -> str:
     from mars.data import ensure_prepared
     from mars.train import runlock
     from mars.train.distributed import broadcast_object, cleanup, init_distributed
+    from mars.train.launch import pass_on
     from mars.train.rundir import choose_start, flush_notes
     from mars.train.trainer import Trainer
 
@@ -261,6 +272,7 @@ def run(cfg: DictConfig) -> str:
             need_group=cfg.train.parallel == "fsdp",
             timeout_min=cfg.train.dist_timeout_min,
         )
+        trainer = None
         try:
             run_dir, resume_from = broadcast_object((run_dir, resume_from))
             if resume_from is not None and step_of(resume_from) >= cfg.train.max_steps:
@@ -281,9 +293,36 @@ def run(cfg: DictConfig) -> str:
                     f"{cfg.model.block_size} tokens per step = {trainer.accum_steps} micro-steps of "
                     f"{cfg.train.batch_size} on each of {info.world_size} rank(s)"
                 )
-            return trainer.fit()
+            status = trainer.fit()
+            if status == "preempted":
+                pass_on(trainer.stop_signal)  # submitit's signal: it requeues the job now that it is saved
+            return status
+        except Exception as e:
+            lost = peer_failure(e) if info.distributed else None
+            if lost is None:
+                raise
+            raise LostRankError(_lost_rank_line(lost, trainer, run_dir, info.rank, info.world_size)) from None
         finally:
             cleanup()
+
+
+class LostRankError(RuntimeError):
+    """A collective failed because another rank (or its node) is gone or does not answer."""
+
+
+def _lost_rank_line(lost: str, trainer, run_dir: Path, rank: int, world_size: int) -> str:
+    """What a surviving rank says when another rank is gone, with the command that continues the run."""
+    from mars.checkpoint import CKPT_DIR, latest_checkpoint
+    from mars.train.rundir import resume_command
+
+    when = f" after step {trainer.state.step}" if trainer is not None else ""
+    newest = latest_checkpoint(run_dir / CKPT_DIR)
+    saved = f"its newest checkpoint is {newest.name}" if newest else "it has no checkpoint yet"
+    return (
+        f"rank {rank} lost contact with another rank{when} ({lost}): a rank or node of this run stopped "
+        f"(its own log says why) or the network failed; {saved}: continue with: "
+        f"{resume_command(run_dir, world_size)}"
+    )
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -322,6 +361,8 @@ def _task(cfg: DictConfig) -> None:
         run(cfg)
     except _user_errors() as e:
         _fail(str(e), EXIT_FAILED)
+    except LostRankError as e:  # every surviving rank got here: one line per node
+        _fail(str(e), EXIT_FAILED, all_ranks=os.environ.get("LOCAL_RANK", "0") == "0")
     except KeyboardInterrupt:
         _fail(_interrupted_line(), EXIT_INTERRUPTED, all_ranks=False)
 
@@ -359,6 +400,7 @@ def main() -> None:
         except PluginError as e:
             _fail(str(e), EXIT_USAGE)
         adopt_slurm_env()  # `srun python train.py`: know this task's rank before choosing who writes
+        die_with_agent()  # under torchrun: a rank does not outlive its agent
         if not Path(config_dir(), f"{CONFIG_NAME}.yaml").is_file():
             _fail(
                 f"no {CONFIG_NAME}.yaml in {config_dir()}: run from a source checkout (pip install -e .) "

@@ -282,12 +282,18 @@ def _launcher(world_size: int) -> list[str]:
     module = name == "__main__.py" and Path(argv0).parent.name == "train"
     if module:
         target = ["-m", "mars.train"]
-    elif name.endswith(".py") and name != "__main__.py":
-        target = [argv0]
+    elif name.endswith(".py") and name != "__main__.py" and "SUBMITIT_EXECUTOR" not in os.environ:
+        target = [argv0]  # (a submitit job runs submitit's own script: then train.py below)
     else:
         target = ["train.py"]
     if world_size > 1:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if local != world_size:  # several nodes: the agent's own rendezvous options, as typed on this node
+            from mars.train.distributed import agent_options
+
+            typed = agent_options()
+            if typed:
+                return ["torchrun", *typed]
         nodes = [f"--nnodes={world_size // local}"] if local != world_size else []
         return ["torchrun", *nodes, f"--nproc_per_node={local}", *target]
     if name == "mars-train":

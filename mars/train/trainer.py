@@ -395,9 +395,16 @@ class Trainer:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         self._stop_signal = signum
 
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal that stopped fit() before train.max_steps (None: it was not stopped)."""
+        return self._stop_signal
+
     def _install_signal_handlers(self) -> dict:
+        from mars.train.launch import preemption_signals
+
         previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, *preemption_signals()):
             try:
                 previous[sig] = signal.signal(sig, self._on_signal)
             except ValueError:  # not the main thread

@@ -152,11 +152,12 @@ def claim_sweep(
                     "choose another hydra.sweep.dir",
                     e.holder,
                 ) from None
-        for run_dir in in_the_way:
-            _move_run_aside(run_dir)
-        if keep is not None:
+        if keep is not None:  # the job dirs not made yet too: from now on nobody else can start one
             for run_dir in jobs:
                 held.enter_context(runlock.hold(run_dir, "hydra.sweep.subdir"))
+        for run_dir in in_the_way:  # every check has passed
+            _move_run_aside(run_dir)
+        if keep is not None:
             keep.enter_context(held.pop_all())
 
 

@@ -50,6 +50,12 @@ def above(key: str, value: Any, bound: float = 0, what: str = "") -> None:
         fail(key, value, f"must be > {bound}{what}")
 
 
+def at_most(key: str, value: Any, maximum: float, what: str = "") -> None:
+    """A number <= maximum (so finite: inf and nan are refused)."""
+    if not is_number(value) or not value <= maximum:
+        fail(key, value, f"must be <= {maximum}{what}")
+
+
 def finite_non_negative(key: str, value: Any) -> None:
     """A finite number >= 0 (learning rates, weight decay, gamma)."""
     if not is_number(value) or not math.isfinite(value) or value < 0:

@@ -8,7 +8,9 @@ command-line errors, 1 for the rest) before any data is read or a process group 
   * value errors come from mars.train.config.validate;
   * before Hydra writes anything into the run dir, rank 0 takes the run dir's lock
     (mars.train.runlock: a second run there is refused) and refuses a new run in a run dir that
-    holds one (mars.train.rundir.claim);
+    holds one (mars.train.rundir.claim); a -m sweep does the same for its sweep dir and every job
+    dir (claim_sweep). The dirs are resolved as Hydra will resolve them (mars.train.hydra_dirs), so
+    this holds for a `${hydra:...}` run dir too;
   * a missing or unwritable dataset, a bad or mismatched checkpoint are checked on rank 0 before DDP
     starts.
 
@@ -30,7 +32,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mars.entry import (
     EXIT_FAILED,
@@ -52,6 +54,14 @@ from mars.train.distributed import (
     env_world_size,
     launched_distributed,
     peer_failure,
+)
+from mars.train.hydra_dirs import (
+    BASIC_LAUNCHER,
+    drop_hydra_node,
+    job_dir,
+    job_subdir,
+    launcher,
+    output_dir,
 )
 
 log = logging.getLogger("mars.train")
@@ -144,7 +154,9 @@ class Plan:
     multirun: bool
     cfg: DictConfig  # the first job's config
     cfgs: list[DictConfig] = field(default_factory=list)  # every job's (the first MAX_PRECHECKED_JOBS)
-    out_dir: Path | None = None  # hydra.run.dir (or hydra.sweep.dir with -m), resolved; None: unknown
+    out_dir: Path | None = None  # hydra.run.dir (or hydra.sweep.dir with -m), resolved (rank 0 only)
+    job_dirs: list[Path | None] = field(default_factory=list)  # -m: each job's run dir (None: unknown)
+    in_process: bool = False  # -m: the jobs run in this process (Hydra's basic launcher, no own GPUs)
 
 
 def precheck(argv: list[str]) -> Plan | None:
@@ -161,13 +173,16 @@ def precheck(argv: list[str]) -> Plan | None:
         if is_composition_error(e):
             raise ConfigError(one_line(e)) from None
         raise
-    cfgs = []
-    out_dir = None
+    cfgs, places = [], []  # places: the run dir (a run), each job's sweep subdir (-m); rank 0 only
+    rank0, name = env_rank() == 0, args.config_name or CONFIG_NAME
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="train"):
-        for i, combo in enumerate(combos[:MAX_PRECHECKED_JOBS]):
+        for num, combo in enumerate(combos[:MAX_PRECHECKED_JOBS]):
             where = f" (sweep job {' '.join(combo)})" if args.multirun else ""
             try:
-                cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=combo)
+                cfg = compose(config_name=name, overrides=combo, return_hydra_config=True)
+                if rank0:
+                    places.append(job_subdir(cfg, num) if args.multirun else output_dir(cfg, "hydra.run.dir"))
+                cfg = drop_hydra_node(cfg)
                 resolve_all(cfg)
                 validate(cfg, env_world_size())
                 check_launch(cfg, args.multirun, local=not any("submitit" in o for o in args.overrides))
@@ -180,14 +195,50 @@ def precheck(argv: list[str]) -> Plan | None:
                 message = optimizer_key_error(e) or model_key_error(e) or one_line(e)
                 raise ConfigError(f"{message}{where}") from None
             cfgs.append(cfg)
-            if i == 0 and env_rank() == 0:
-                out_dir = _output_dir(compose, args, combo)
-    return Plan(multirun=bool(args.multirun), cfg=cfgs[0], cfgs=cfgs, out_dir=out_dir)
+        plan = Plan(multirun=bool(args.multirun), cfg=cfgs[0], cfgs=cfgs)
+        if rank0:
+            _place(plan, name, args.overrides, places)
+    return plan
+
+
+def _place(plan: Plan, name: str, overrides: list[str], places: list) -> None:
+    """Where Hydra will write (plan.out_dir, and plan.job_dirs of a sweep), checked that it can be made."""
+    from mars.train.rundir import check_output_dir_writable
+
+    if not plan.multirun:
+        plan.out_dir = places[0]
+        check_output_dir_writable(str(plan.out_dir), "hydra.run.dir")
+        return
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    # the sweep dir is that of the sweep's own config, composed as Hydra composes it for -m
+    try:
+        master = GlobalHydra.instance().hydra.compose_config(
+            name, [*overrides, "hydra.mode=MULTIRUN"], run_mode=RunMode.MULTIRUN
+        )
+    except Exception as e:
+        if not is_composition_error(e):
+            raise
+        raise ConfigError(one_line(e)) from None
+    plan.out_dir = output_dir(master, "hydra.sweep.dir")
+    check_output_dir_writable(str(plan.out_dir), "hydra.sweep.dir")
+    plan.job_dirs = [job_dir(plan.out_dir, subdir) for subdir in places]
+    seen: dict[Path, int] = {}
+    for num, path in enumerate(plan.job_dirs):
+        if path is not None and seen.setdefault(path, num) != num:
+            raise ConfigError(
+                f"hydra.sweep.subdir: sweep jobs {seen[path]} and {num} would both write into {path}; make "
+                "the subdir tell the jobs apart (e.g. end it with ${hydra.job.num})"
+            )
+    plan.in_process = launcher(master) == BASIC_LAUNCHER and all(c.launch.gpus_per_job < 1 for c in plan.cfgs)
 
 
 def _check_resume_path(cfg) -> None:
-    """train.resume=PATH holds a model of the config's architecture and shape: refused before Hydra
-    makes a run dir (the other resume checks need the run dir: mars.train.rundir.choose_start)."""
+    """train.resume=PATH names a complete checkpoint (else CheckpointNotFoundError: what the command
+    names cannot be used) holding a model of the config's architecture and shape (else ConfigError),
+    checked before Hydra makes a run dir (the other resume checks need the run dir:
+    mars.train.rundir.choose_start)."""
     import mars.checkpoint as ckpt
 
     resume = cfg.train.resume
@@ -195,27 +246,14 @@ def _check_resume_path(cfg) -> None:
         return
     chosen = ckpt.resolve_checkpoint(Path(str(resume)).expanduser())
     if chosen is None:
-        return  # choose_start says what train.resume should name
+        raise ckpt.CheckpointNotFoundError(
+            f"train.resume={resume}: no complete checkpoint there; give a run dir, its ckpt/ folder or a "
+            "ckpt/step_XXXXXXXX folder (or train.resume=auto)"
+        )
     try:
         ckpt.check_model_shape(chosen, cfg.model)
     except ckpt.CheckpointError as e:
         raise ConfigError(str(e)) from None
-
-
-def _output_dir(compose, args, overrides: list[str]) -> Path | None:
-    """The directory Hydra is about to create (hydra.run.dir, or hydra.sweep.dir with -m): checked that
-    it can be made, and returned resolved (None when it uses an interpolation only Hydra can resolve)."""
-    from mars.train.rundir import check_output_dir_writable
-
-    cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=overrides, return_hydra_config=True)
-    key = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
-    node = cfg.hydra.sweep if args.multirun else cfg.hydra.run
-    check_output_dir_writable(str(node._get_node("dir")._value()), key)
-    try:
-        text = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
-    except Exception:  # noqa: BLE001 - e.g. ${hydra:...}, set by Hydra only once the job runs
-        return None
-    return Path(str(text)).expanduser().absolute() if text else None
 
 
 def _rank_local_overrides() -> list[str]:
@@ -328,10 +366,10 @@ def _lost_rank_line(lost: str, trainer, run_dir: Path, rank: int, world_size: in
 def _user_errors() -> tuple[type[BaseException], ...]:
     from mars.checkpoint import CheckpointError
     from mars.data.errors import DataError
-    from mars.train.runlock import RunDirBusyError
+    from mars.train.runlock import RunDirLockError
     from mars.train.trainer import TrainingDivergedError
 
-    return (ConfigError, DataError, CheckpointError, TrainingDivergedError, RunDirBusyError)
+    return (ConfigError, DataError, CheckpointError, TrainingDivergedError, RunDirLockError)
 
 
 def _interrupted_line() -> str:
@@ -369,8 +407,9 @@ def _task(cfg: DictConfig) -> None:
 
 def _claim(plan: Plan | None, stack: ExitStack) -> None:
     """On rank 0, before Hydra writes anything: check the dataset can be used (or prepared), hold the run
-    dir (or the sweep dir) and apply the run dir rules (mars.train.rundir.claim); add the resolved dir to
-    Hydra's overrides so that Hydra writes exactly where the lock is."""
+    dir (or the sweep dir and its job dirs) and apply the run dir rules (mars.train.rundir.claim,
+    claim_sweep); add the resolved dir to Hydra's overrides so that Hydra writes exactly where the lock
+    is."""
     from mars.data.prepare import check_ready
     from mars.train import runlock
     from mars.train.rundir import claim, claim_sweep
@@ -379,12 +418,10 @@ def _claim(plan: Plan | None, stack: ExitStack) -> None:
         return
     if not plan.multirun:
         check_ready(plan.cfg.data)  # a missing or unwritable dataset: before anything is written
-    if plan.out_dir is None:
-        return
     key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
     stack.enter_context(runlock.hold(plan.out_dir, key))
     if plan.multirun:
-        claim_sweep(plan.cfgs, plan.out_dir)
+        claim_sweep(plan.cfgs, plan.out_dir, plan.job_dirs, keep=stack if plan.in_process else None)
     else:
         claim(plan.cfg, plan.out_dir)
     sys.argv.append(f"{key}={hydra_value(str(plan.out_dir))}")
@@ -411,6 +448,8 @@ def main() -> None:
             plan = precheck(sys.argv[1:])
         except ConfigError as e:
             _fail(str(e), EXIT_USAGE, all_ranks=False)
+        except _user_errors() as e:  # train.resume=PATH without a checkpoint: before any run dir exists
+            _fail(str(e), EXIT_FAILED, all_ranks=False)
         if launched_distributed() and env_rank() != 0:
             sys.argv.extend(_rank_local_overrides())
         with ExitStack() as stack:

@@ -15,7 +15,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from mars.checks import above, at_least, choice, fraction, get, reported_as
+from mars.checks import above, at_least, at_most, choice, fraction, get, reported_as
 from mars.data.config import DataConfig
 
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
@@ -182,6 +182,10 @@ _MINIMUMS = {
     "downstream.interval": 0,
     "launch.gpus_per_job": 0,
 }
+# the longest train.dist_timeout_min: a year (torch.distributed counts a timeout in a 64-bit integer of
+# small units, which inf or a few centuries overflow on every rank)
+MAX_DIST_TIMEOUT_MIN = 525_600
+_LONGEST_WAIT = " (minutes, at most a year)"
 _CHOICES = {
     "schedule.name": SCHEDULES,
     "train.grad_reduction": GRAD_REDUCTIONS,
@@ -206,6 +210,7 @@ def _validate(cfg: Any, world_size: int) -> None:
     for key, minimum in _MINIMUMS.items():
         at_least(key, get(cfg, key), minimum)
     above("train.dist_timeout_min", get(cfg, "train.dist_timeout_min"), 0, " (minutes)")
+    at_most("train.dist_timeout_min", get(cfg, "train.dist_timeout_min"), MAX_DIST_TIMEOUT_MIN, _LONGEST_WAIT)
     if get(cfg, "train.cpu_threads") is not None:
         at_least("train.cpu_threads", get(cfg, "train.cpu_threads"), 1)
     for key, allowed in _CHOICES.items():

@@ -7,7 +7,8 @@ Rules (checked on rank 0 before any data is read or a process group exists):
     metrics.jsonl): resume it, or choose another hydra.run.dir; train.overwrite=true moves the old run
     (with its .hydra/ and train.log) aside into RUN_DIR/replaced-<time>/ instead (nothing is deleted,
     nothing is mixed). Both happen before Hydra writes into the run dir (`claim`; for the job dirs of
-    a -m sweep, `claim_sweep`);
+    a -m sweep, `claim_sweep`, which first takes the lock of every job dir: a live run in one refuses
+    the sweep before anything of any job is moved);
   * train.resume=auto continues the newest usable, healthy checkpoint of the run dir: a newer one that
     fails verification (truncated, corrupt, a checksum mismatch, non-finite weights) or that meta.json
     marks unhealthy (saved just after a divergence alarm) is moved aside, and the log says which one it
@@ -27,11 +28,13 @@ import os
 import shlex
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import mars.checkpoint as ckpt
 from mars.entry import hydra_value
 from mars.files import nearest_existing, try_create_dir_in
+from mars.train import runlock
 from mars.train.config import ConfigError
 from mars.train.metrics import METRICS_FILE
 from mars.train.resume import check_resume_config
@@ -104,27 +107,62 @@ def claim(cfg, run_dir: Path) -> None:
     t = cfg.train
     if t.resume not in NO_RESUME or not _refuse_or_overwrite(run_dir, t.overwrite):
         return
+    _move_run_aside(run_dir)
+
+
+def _move_run_aside(run_dir: Path) -> None:
     dest = ckpt.move_aside(run_dir, [run_dir / a for a in (*ARTIFACTS, *HYDRA_FILES)])
     if dest is not None:
         _notes.append(f"train.overwrite=true: moved the earlier run to {dest}")
 
 
-def claim_sweep(cfgs: list, sweep_dir: Path) -> None:
-    """`claim` for a -m sweep, before Hydra writes its job dirs: job dirs of an earlier sweep that hold
-    runs are refused when a job would start fresh there, or moved aside when every job overwrites."""
-    runs = [d for d in sorted(sweep_dir.iterdir()) if d.is_dir() and holds_a_run(d)]
+def claim_sweep(
+    cfgs: list, sweep_dir: Path, job_dirs: list[Path | None], keep: ExitStack | None = None
+) -> None:
+    """`claim` for a -m sweep (its sweep dir held), before Hydra writes a job dir: `cfgs` and `job_dirs`
+    are the jobs' configs and run dirs (None: known only once the job runs). Earlier runs in the sweep
+    dir (in a job dir of this sweep, or in a sub dir of an earlier sweep) are refused when a job starts
+    fresh, unless a job of this sweep resumes the run; with train.overwrite=true they are moved aside.
+    Before anything is moved, the lock of every job dir that exists and of every run to move is taken:
+    a live run in any of them refuses the whole sweep, and nothing of any job is moved. `keep`: the
+    jobs run in this process, which holds those locks (and the other job dirs') until `keep` closes;
+    otherwise they are released here and each job takes its own."""
+    sweep_dir = sweep_dir.resolve()
+    jobs = {d.resolve(): c for c, d in zip(cfgs, job_dirs, strict=True) if d is not None}  # dir -> config
+    resumed = {d for d, c in jobs.items() if c.train.resume not in NO_RESUME}
+    earlier = {d.resolve() for d in sweep_dir.iterdir() if d.is_dir() and holds_a_run(d)}
+    earlier |= {d for d in jobs if d not in resumed and d.is_dir() and holds_a_run(d)}
     fresh = [c for c in cfgs if c.train.resume in NO_RESUME]
-    if not runs or not fresh:
-        return  # nothing there yet, or every job resumes its own run dir
-    if any(not c.train.overwrite for c in fresh):
-        names = ", ".join(f"{d.name}/" for d in runs[:5]) + (" ..." if len(runs) > 5 else "")
+    in_the_way = sorted(earlier - resumed) if fresh else []
+    if in_the_way and any(not c.train.overwrite for c in fresh):
+        names = ", ".join(f"{_relative(d, sweep_dir)}/" for d in in_the_way[:5])
         raise ConfigError(
-            f"hydra.sweep.dir={sweep_dir} already holds runs ({names}): continue the sweep with "
-            "train.resume=auto, or choose another hydra.sweep.dir (train.overwrite=true moves each old run "
-            "aside)"
+            f"hydra.sweep.dir={sweep_dir} already holds runs ({names}{' ...' if len(in_the_way) > 5 else ''}"
+            "): continue the sweep with train.resume=auto, or choose another hydra.sweep.dir "
+            "(train.overwrite=true moves each old run aside)"
         )
-    for run_dir in runs:
-        claim(fresh[0], run_dir)
+    with ExitStack() as held:
+        for run_dir in sorted({*in_the_way, *(d for d in jobs if d.is_dir())}):
+            try:
+                held.enter_context(runlock.hold(run_dir, "hydra.sweep.subdir"))
+            except runlock.RunDirBusyError as e:
+                raise runlock.RunDirBusyError(
+                    f"hydra.sweep.dir={sweep_dir}: its job dir {_relative(run_dir, sweep_dir)}/ is in use by "
+                    f"a live run ({e.holder}); nothing was moved or written: wait for that run to end, or "
+                    "choose another hydra.sweep.dir",
+                    e.holder,
+                ) from None
+        if keep is not None:  # the job dirs not made yet too: from now on nobody else can start one
+            for run_dir in jobs:
+                held.enter_context(runlock.hold(run_dir, "hydra.sweep.subdir"))
+        for run_dir in in_the_way:  # every check has passed
+            _move_run_aside(run_dir)
+        if keep is not None:
+            keep.enter_context(held.pop_all())
+
+
+def _relative(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def _fresh_start(run_dir: Path, overwrite: bool) -> None:

@@ -93,6 +93,10 @@ def test_every_experiment_composes_and_validates():
         (["schedule.name=cos"], "schedule.name='cos' is not one of cosine, linear, wsd, constant"),
         (["train.dist_timeout_min=0"], "train.dist_timeout_min=0.0 must be > 0 (minutes)"),
         (
+            ["train.dist_timeout_min=inf"],
+            "train.dist_timeout_min=inf must be <= 525600 (minutes, at most a year)",
+        ),
+        (
             ["-m", "optimizer.lr=1e-3,2e-3", "train.batch_size=4,0"],
             "(sweep job optimizer.lr=0.001 train.batch_size=0)",
         ),

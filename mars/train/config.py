@@ -153,14 +153,37 @@ def register_configs() -> None:
     configs = Path(config_dir())
     presets = "\n".join(f.read_text(encoding="utf-8") for f in sorted(configs.glob("model/*.yaml")))
     for name in optimizer_names():
-        store.store(group=SCHEMA_GROUP, name=name, node=registered(name).config)
+        schema = _schema("optimizer", name, registered(name).config)
+        store.store(group=SCHEMA_GROUP, name=name, node=schema)
         if not (configs / "optimizer" / f"{name}.yaml").is_file():
-            store.store(group="optimizer", name=name, node=registered(name).config)
+            store.store(group="optimizer", name=name, node=schema)
     for name in arch_names():
-        store.store(group=MODEL_SCHEMA_GROUP, name=name, node=arch(name).config)
+        schema = _schema("model", name, arch(name).config)
+        store.store(group=MODEL_SCHEMA_GROUP, name=name, node=schema)
         if f"{MODEL_SCHEMA_GROUP}/{name}@" not in presets:
-            store.store(group="model", name=name, node=arch(name).config)
+            store.store(group="model", name=name, node=schema)
     store_config_options(configs)
+
+
+def _schema(group: str, name: str, config: type) -> type:
+    """A registered config dataclass, checked to be one a Hydra config can hold (a plugin's field may
+    have any type): PluginError naming the field and the fix otherwise."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from mars.plugins import PluginError
+
+    try:
+        OmegaConf.structured(config)
+    except OmegaConfBaseException as e:
+        key = f"{group}.{e.full_key}" if getattr(e, "full_key", None) else group
+        problem = str(getattr(e, "msg", None) or e).splitlines()[0]
+        raise PluginError(
+            f"{group}={name}: {key} of {config.__module__}.{config.__qualname__} cannot be a config field "
+            f"({problem}): give it a type a Hydra config holds (int, float, bool, str, an Enum, a dataclass, "
+            "a list or dict of those, or Optional of one) and convert it where the value is used"
+        ) from None
+    return config
 
 
 # keys whose value must be a number at least this large, and keys with a fixed set of values

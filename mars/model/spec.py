@@ -204,8 +204,8 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         return value is None
     if annotation is bool:
         return isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if annotation is float:  # inf and nan are floats: the values' rules (finite, > 0) are check_values'
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
     if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, annotation)
@@ -248,8 +248,17 @@ def model_config(values: Any, where: str = "model") -> Any:
 
 def validate_model(config: Any) -> None:
     """The architecture's own value checks; ValueError "model.KEY=VALUE ...; fix" (one line)."""
-    config = model_config(config)
+    check_values(model_config(config))
+
+
+def check_values(config: Any) -> None:
+    """A config dataclass's values: its architecture's rules (spec.validate, e.g. model.rope_theta "must be
+    a finite number > 0"), then every float a finite number; ValueError "model.KEY=VALUE ..." (one line)."""
     spec_for(config).validate(config)
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"model.{f.name}={value!r} must be a finite number")
 
 
 def roles_by_name(model: Any, embeddings: tuple[str, ...], heads: tuple[str, ...] = ()) -> dict[str, str]:

@@ -264,7 +264,7 @@ def _validate(cfg: Any, world_size: int) -> None:
     _check_data(cfg)
     _check_tokenizer(cfg)
     _check_optimizer(cfg)
-    _check_device(str(get(cfg, "train.device")))
+    check_device(str(get(cfg, "train.device")))
     _check_parallel(cfg, world_size)
     if get(cfg, "downstream.interval") > 0 and not get(cfg, "downstream.tasks"):
         raise ConfigError(
@@ -329,22 +329,21 @@ def _check_data(cfg: Any) -> None:
         )
 
 
-def _check_device(device: str) -> None:
-    """train.device names a device this machine has (checked before a run dir or process group exists)."""
+def check_device(device: str, key: str = "train.device") -> None:
+    """`key` (train.device; eval's device) names a device this machine has: checked before a run dir or
+    process group exists, or a model is loaded."""
     if device in ("auto", "cpu"):
         return
     if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
-        raise ConfigError(f"train.device={device!r} is not one of auto, cpu, cuda, cuda:N")
+        raise ConfigError(f"{key}={device!r} is not one of auto, cpu, cuda, cuda:N")
     import torch
 
     if not torch.cuda.is_available():
         reason = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-        raise ConfigError(f"train.device={device}: {reason}; use train.device=cpu (or auto)")
+        raise ConfigError(f"{key}={device}: {reason}; use {key}=cpu (or auto)")
     index = int(device[5:]) if ":" in device else 0
     if index >= torch.cuda.device_count():
-        raise ConfigError(
-            f"train.device={device}: only {torch.cuda.device_count()} CUDA device(s) are visible"
-        )
+        raise ConfigError(f"{key}={device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
 def _check_parallel(cfg: Any, world_size: int) -> None:

@@ -85,7 +85,7 @@ def test_baseline_that_matches_several_groups_asks_for_another_key(tmp_path, cap
     line = one_error_line(capsys, [tmp_path, "--baseline", "optimizer.lr=3e-3"])
     assert line == (
         "error: --baseline optimizer.lr=3e-3 matches 2 groups (gamma=0.0, lr=0.003; gamma=0.025, lr=0.003): "
-        "add another --baseline KEY=VALUE, e.g. --baseline optimizer.gamma=0 (optimizer.gamma takes 0, "
+        "add another --baseline KEY=VALUE, e.g. --baseline optimizer.gamma=0.0 (optimizer.gamma takes 0.0, "
         "0.025 among them), or --best to take the best of them"
     )
     narrowed = build_report([tmp_path], baseline=["optimizer.lr=3e-3", "optimizer.gamma=0.025"])

@@ -45,7 +45,9 @@ def at_least(key: str, value: Any, minimum: float, what: str = "") -> None:
 
 
 def above(key: str, value: Any, bound: float = 0, what: str = "") -> None:
-    """A number > bound."""
+    """A finite number > bound (inf is no size, no epsilon, no timeout)."""
+    if is_number(value) and not math.isfinite(value):
+        fail(key, value, f"must be a finite number > {bound}{what}")
     if not is_number(value) or not value > bound:
         fail(key, value, f"must be > {bound}{what}")
 

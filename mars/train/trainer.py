@@ -32,7 +32,7 @@ import mars.checkpoint as ckpt
 from mars.train.config import Config, global_batch_size
 from mars.train.distributed import DistInfo, all_reduce_sum, barrier
 from mars.train.health import HealthMonitor
-from mars.train.metrics import Metrics, MetricsFile, Progress, logged_metrics
+from mars.train.metrics import Metrics, MetricsFile, Progress, check_metrics, logged_metrics
 from mars.train.resume import load_optimizer_state
 from mars.train.rundir import resume_command
 from mars.train.schedule import GammaSchedule, LRSchedule
@@ -99,6 +99,7 @@ class Trainer:
         self._build_model()
         self._build_optimizer()
         wandb_run_id = self._restore(resume_from)
+        check_metrics(self.raw_model, self.optimizer)  # a plugin metric with no number: stop before step 1
         self._start_logging(OmegaConf.to_container(node, resolve=True), resume_from, wandb_run_id)
 
         self._batch_cache: tuple[int, list] | None = None

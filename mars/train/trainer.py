@@ -225,9 +225,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
 
-    def save(self) -> Path | None:
+    def save(self, preempted: bool = False) -> Path | None:
         """Checkpoint the current step. Replicated (ddp): rank 0 writes the "full" format while the others
-        wait. Sharded (fsdp): every rank writes its shards ("sharded" format), rank 0 the rest."""
+        wait. Sharded (fsdp): every rank writes its shards ("sharded" format), rank 0 the rest.
+        preempted: saved because the run was stopped by a signal (meta.json says so: mars.train.rundir)."""
         s = self.state
         sharded = None
         if self.fsdp:
@@ -257,6 +258,8 @@ class Trainer:
                 "block_size": self.cfg.model.block_size,
                 "optimizer": self.cfg.optimizer.name,
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "preempted": preempted,
+                "spike_pending": self.health.spike_pending(),
             }
             path = ckpt.save_checkpoint(
                 self.run_dir,
@@ -416,6 +419,30 @@ class Trainer:
         if alarm and self.progress is not None:
             self.progress.write(f"warning: {alarm}")
 
+    def _check_health(self, alarm: str | None, step: int) -> None:
+        """Say the alarm, if any. When an alarm at `step` dates its trouble from an earlier spike, the
+        checkpoints saved since that spike are unhealthy too: the main rank (it writes meta.json) marks
+        them."""
+        self._warn(alarm)
+        h = self.health
+        began = h.episode_start if h.last_alarm == step else None
+        if began is None or began >= step or not self.dist.is_main:
+            return
+        for p in ckpt.list_checkpoints(self.run_dir / ckpt.CKPT_DIR):
+            if began <= ckpt.step_of(p) < step and ckpt.is_healthy(p):
+                ckpt.update_meta(p, healthy=False)
+                self._warn(f"{p} marked unhealthy: the trouble of the alarm at step {step} began at {began}")
+
+    def _stopped_by_divergence(self) -> None:
+        """The run stops because of divergence: none of its unhealthy checkpoints counts as a preemption's
+        any more (train.resume=auto continues an unhealthy one only when a signal stopped the run there)."""
+        if not self.dist.is_main:
+            return
+        for p in ckpt.list_checkpoints(self.run_dir / ckpt.CKPT_DIR):
+            meta = ckpt.read_meta(p)
+            if meta.get("preempted") and not meta.get("healthy", True):
+                ckpt.update_meta(p, preempted=False)
+
     def _every(self, interval: int) -> bool:
         """Whether the current step is a multiple of `interval` (never for interval 0: off)."""
         return interval > 0 and self.state.step % interval == 0
@@ -447,7 +474,7 @@ class Trainer:
             all_reduce_sum(stop)  # every rank stops at the same step
         norm_f, stop_f = torch.stack([norm.detach().float().reshape(()), stop]).tolist()  # the one sync
         stepped = math.isfinite(norm_f)
-        self._warn(self.health.on_step(s.step + 1, norm_f))
+        self._check_health(self.health.on_step(s.step + 1, norm_f), s.step + 1)
         if stepped:
             self.optimizer.step()
             s.nonfinite_streak = 0
@@ -478,6 +505,7 @@ class Trainer:
                 win.add(out, time.perf_counter() - t0)
                 self.progress.advance()
                 if s.nonfinite_streak >= t.max_nonfinite_steps:
+                    self._stopped_by_divergence()
                     raise TrainingDivergedError(self._divergence_advice(out.grad_norm))
                 last = s.step == t.max_steps
                 if last or self._every(t.log_interval):
@@ -488,7 +516,7 @@ class Trainer:
                 if self._every(self.cfg.downstream.interval):
                     self._downstream_and_log()
                 if last or out.stop or self._every(t.ckpt_interval):
-                    self.save()
+                    self.save(preempted=out.stop)
                     last_saved = s.step
                 if out.stop:
                     status = "preempted"
@@ -579,7 +607,7 @@ class Trainer:
             record["mfu"] = utilisation
         self._log(record)
         self.progress.show(record)
-        self._warn(self.health.on_loss(s.step, record["train/loss"]))
+        self._check_health(self.health.on_loss(s.step, record["train/loss"]), s.step)
 
 
 @dataclass

@@ -190,13 +190,14 @@ class Trainer:
         )
 
     def _restore(self, step_dir: Path | None) -> str | None:
-        """The loop's counters and health history, fresh or from the checkpoint `step_dir` together with
-        its weights (copied into the parameters in place), optimizer state, loader position and RNG.
-        The optimizer's hyperparameters stay those of this run's config (mars.train.resume). Returns
-        the checkpoint's wandb run id."""
+        """The loop's counters, health history and the sums of the current log window, fresh or from the
+        checkpoint `step_dir` together with its weights (copied into the parameters in place), optimizer
+        state, loader position and RNG. The optimizer's hyperparameters stay those of this run's config
+        (mars.train.resume). Returns the checkpoint's wandb run id."""
         t = self.cfg.train
         self.state = Counters()
         self.health = HealthMonitor(t.health_window, t.spike_factor, t.spike_loss)
+        self.window = _Window(self.device)
         if step_dir is None:
             return None
         ckpt.check_model_shape(step_dir, self.cfg.model)
@@ -210,6 +211,8 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         self.state = Counters(**state["counters"])
         self.health.load_state_dict(state.get("health", {}))
+        if "window" in state:  # older checkpoints: the first log line averages the steps since the resume
+            self.window.load_state_dict(state["window"], self._micro_batches_per_step(), self.dist.is_main)
         log.info(f"resumed from {step_dir} at step {self.state.step}")
         return ckpt.read_meta(step_dir).get("wandb_run_id")
 
@@ -225,11 +228,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
 
+    def _micro_batches_per_step(self) -> int:
+        return self.accum_steps * self.dist.world_size
+
     def save(self, preempted: bool = False) -> Path | None:
         """Checkpoint the current step. Replicated (ddp): rank 0 writes the "full" format while the others
         wait. Sharded (fsdp): every rank writes its shards ("sharded" format), rank 0 the rest.
         preempted: saved because the run was stopped by a signal (meta.json says so: mars.train.rundir)."""
         s = self.state
+        window = self.window.state_dict(self._micro_batches_per_step())  # every rank: the loss is summed
         sharded = None
         if self.fsdp:
             optimizer_state, optimizer_tensors = ckpt.split_optimizer_state(self.optimizer, self.param_names)
@@ -246,6 +253,7 @@ class Trainer:
                 "schedule": {"step": s.step, "lr_factor": self.schedule(s.step)},
                 "counters": asdict(s),
                 "health": self.health.state_dict(),
+                "window": window,
             }
             meta = {
                 "tokens": s.step * self.tokens_per_step,
@@ -497,20 +505,19 @@ class Trainer:
         try:
             if s.step == 0:
                 self._eval_and_log()
-            win = _Window(self.device)
             last_saved = s.step if s.step > 0 else None
             while s.step < t.max_steps:
                 t0 = time.perf_counter()
                 out = self.train_step()
-                win.add(out, time.perf_counter() - t0)
+                self.window.add(out, time.perf_counter() - t0)
                 self.progress.advance()
                 if s.nonfinite_streak >= t.max_nonfinite_steps:
                     self._stopped_by_divergence()
                     raise TrainingDivergedError(self._divergence_advice(out.grad_norm))
                 last = s.step == t.max_steps
                 if last or self._every(t.log_interval):
-                    self._log_train(win, out.lr)
-                    win = _Window(self.device)
+                    self._log_train(self.window, out.lr)
+                    self.window = _Window(self.device)
                 if last or self._every(t.eval_interval):
                     self._eval_and_log()
                 if self._every(self.cfg.downstream.interval):
@@ -620,11 +627,29 @@ class StepResult:
 
 
 class _Window:
-    """Sums over the steps since the last training log line (the loss stays on the device)."""
+    """Sums over the steps since the last training log line (the loss stays on the device). Saved in
+    every checkpoint, so that the first line after a resume averages the same steps as an uninterrupted
+    run's line."""
 
     def __init__(self, device: torch.device):
         self.loss = torch.zeros((), device=device)
         self.norm, self.good, self.steps, self.seconds = 0.0, 0, 0, 0.0
+
+    def state_dict(self, micro_batches: int) -> dict:
+        """On every rank (the loss is summed over them); `micro_batches` per step over all ranks."""
+        loss = all_reduce_sum(self.loss.detach().clone()).cpu()
+        sums = {"norm": self.norm, "good": self.good, "steps": self.steps, "seconds": self.seconds}
+        return {"loss": loss, "micro_batches": micro_batches, **sums}
+
+    def load_state_dict(self, state: dict, micro_batches: int, main: bool) -> None:
+        """The loss summed over every rank goes to the main rank (the log line sums over ranks again); a sum
+        over another number of micro-batches per step (another world size or micro batch) is rescaled."""
+        loss = state["loss"].to(self.loss.device, self.loss.dtype)
+        if int(state["micro_batches"]) != micro_batches:
+            loss = loss * (micro_batches / int(state["micro_batches"]))
+        self.loss = loss if main else torch.zeros_like(loss)
+        self.norm, self.good = float(state["norm"]), int(state["good"])
+        self.steps, self.seconds = int(state["steps"]), float(state["seconds"])
 
     def add(self, out: StepResult, seconds: float) -> None:
         self.steps += 1

@@ -438,8 +438,8 @@ class Trainer:
             return
         for p in ckpt.list_checkpoints(self.run_dir / ckpt.CKPT_DIR):
             if began <= ckpt.step_of(p) < step and ckpt.is_healthy(p):
-                ckpt.update_meta(p, healthy=False)
-                self._warn(f"{p} marked unhealthy: the trouble of the alarm at step {step} began at {began}")
+                why = f"the trouble of the alarm at step {step} began at {began}"
+                self._update_meta(p, why, healthy=False)
 
     def _stopped_by_divergence(self) -> None:
         """The run stops because of divergence: none of its unhealthy checkpoints counts as a preemption's
@@ -447,9 +447,22 @@ class Trainer:
         if not self.dist.is_main:
             return
         for p in ckpt.list_checkpoints(self.run_dir / ckpt.CKPT_DIR):
-            meta = ckpt.read_meta(p)
+            try:
+                meta = ckpt.read_meta(p)
+            except ckpt.CheckpointError:
+                continue  # resume=auto will not use it either
             if meta.get("preempted") and not meta.get("healthy", True):
-                ckpt.update_meta(p, preempted=False)
+                self._update_meta(p, "the run stopped because of divergence after it", preempted=False)
+
+    def _update_meta(self, step_dir: Path, why: str, **changes) -> None:
+        """A health verdict into a checkpoint's meta.json; a failure to write it is said, never fatal."""
+        what = "marked unhealthy" if changes.get("healthy") is False else "no longer counts as a preemption's"
+        try:
+            ckpt.update_meta(step_dir, **changes)
+        except (ckpt.CheckpointError, OSError) as e:
+            self._warn(f"{step_dir} should be {what} ({why}) but its meta.json cannot be rewritten: {e}")
+            return
+        self._warn(f"{step_dir} {what}: {why}")
 
     def _every(self, interval: int) -> bool:
         """Whether the current step is a multiple of `interval` (never for interval 0: off)."""

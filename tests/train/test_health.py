@@ -103,8 +103,9 @@ def sigterm_during(tr: Trainer, step: int) -> None:
 
 def test_a_run_preempted_after_a_benign_spike_resumes(data_root, tmp_path, caplog, early_verdicts):
     run = tmp_path / "run"
-    args = tiny_overrides(data_root, max_steps=10, log_interval=3)
-    tr = Trainer(compose(args), run, DistInfo())
+    args = tiny_overrides(data_root, max_steps=10, log_interval=3, max_nonfinite_steps=2)
+    cfg = compose(args)
+    tr = Trainer(cfg, run, DistInfo())
     grad_spike_at(tr, 4)  # step 5: about 30x the median, the loss keeps falling
     sigterm_during(tr, 5)
     assert tr.fit() == "preempted"
@@ -126,7 +127,7 @@ def test_a_run_preempted_after_a_benign_spike_resumes(data_root, tmp_path, caplo
     assert f"{step6} is marked unhealthy" in caplog.text and "stopped there by a signal" in caplog.text
 
     # a run that then stops because of divergence withdraws that: resume=auto refuses, naming it
-    resumed = Trainer(compose([*args, "train.max_nonfinite_steps=2"]), run, DistInfo(), resume_from=step6)
+    resumed = Trainer(cfg, run, DistInfo(), resume_from=step6)
     grad_spike_at(resumed, -1, nan_from=6)
     with pytest.raises(TrainingDivergedError):
         resumed.fit()

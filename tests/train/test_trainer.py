@@ -258,9 +258,10 @@ def test_a_preempted_and_resumed_run_logs_the_lines_of_the_straight_run(data_roo
         records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
         return [{k: v for k, v in r.items() if k not in timing} for r in records]
 
+    cfg = compose(tiny_overrides(data_root, max_steps=6, log_interval=4))  # composed once: 4 runs share it
     straight, split = tmp_path / "straight", tmp_path / "split"
-    make_trainer(data_root, straight, max_steps=6, log_interval=4).fit()
-    first = make_trainer(data_root, split, max_steps=6, log_interval=4)
+    Trainer(cfg, straight, DistInfo()).fit()
+    first = Trainer(cfg, split, DistInfo())
     real = first.train_step
 
     def sigterm_during_step_2():
@@ -272,7 +273,7 @@ def test_a_preempted_and_resumed_run_logs_the_lines_of_the_straight_run(data_roo
     assert first.fit() == "preempted"
     step2 = latest_checkpoint(split / "ckpt")
     assert step2.name == "step_00000002"
-    make_trainer(data_root, split, max_steps=6, log_interval=4, resume_from=step2).fit()
+    Trainer(cfg, split, DistInfo(), resume_from=step2).fit()
     assert [r["step"] for r in lines(straight)] == [0, 4, 6, 6]
     assert lines(split) == lines(straight)
 
@@ -283,7 +284,7 @@ def test_a_preempted_and_resumed_run_logs_the_lines_of_the_straight_run(data_roo
     state = torch.load(older / "train_state.pt", weights_only=True)
     del state["window"]
     torch.save(state, older / "train_state.pt")
-    make_trainer(data_root, older.parent.parent, max_steps=6, log_interval=4, resume_from=older).fit()
+    Trainer(cfg, older.parent.parent, DistInfo(), resume_from=older).fit()
     got, want = lines(older.parent.parent), lines(straight)
     assert [r["step"] for r in got] == [4, 6, 6] and got[1:] == want[2:]
     assert got[0]["train/loss"] != want[1]["train/loss"]

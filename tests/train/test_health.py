@@ -55,12 +55,17 @@ def test_a_lone_spike_is_no_alarm_but_dates_the_trouble_of_one_that_follows():
     assert (loss.last_alarm, loss.episode_start) == (30, 21)
 
 
-def test_a_spike_that_persists_is_an_alarm_and_later_spikes_extend_it():
-    h = monitor_after([1.0] * 20 + [15.0, 1.0, 20.0, 1.0])
-    assert h.last_alarm is None and h.spike_pending() == 21  # two spikes in 20 steps: still pending
-    message = h.on_step(25, 30.0)
-    assert message.startswith("step 25: gradient norm 30 is 30x the median of the last")
-    assert message.endswith("; 3 spikes within 20 steps (at steps 21, 23, 25)")
+def test_spikes_that_recur_are_no_alarm_but_a_norm_that_stays_high_is():
+    # as in a high-lr run of the CPU-scale study that trained on to a normal loss: five spikes of 10-150x
+    # in 20 steps, the norm back near its median after each
+    recurring = monitor_after([1.0] * 20 + [25, 1, 1, 110, 14, 1, 1, 1, 1, 1, 1, 1, 14, 1, 1, 22, 1])
+    assert recurring.last_alarm is None and recurring.pending == [21, 24, 25, 33, 36]
+
+    h = monitor_after([1.0] * 20 + [15.0, 1.0, 20.0, 30.0])
+    assert h.last_alarm is None and h.spike_pending() == 21  # two spike steps in a row: still pending
+    message = h.on_step(25, 40.0)
+    assert message.startswith("step 25: gradient norm 40 is 40x the median of the last")
+    assert message.endswith("; 3 steps in a row above 10x the median")
     assert (h.last_alarm, h.episode_start) == (25, 21) and not h.healthy(44) and h.healthy(45)
     assert h.on_step(30, 40.0).endswith("within 20 steps of the last alarm")  # the trouble goes on
     assert (h.last_alarm, h.episode_start) == (30, 21)
@@ -70,7 +75,7 @@ def test_a_spike_that_persists_is_an_alarm_and_later_spikes_extend_it():
     assert restored.state_dict() == h.state_dict()
     older = HealthMonitor(window=20)
     older.load_state_dict({"norms": [1.0] * 12, "best_loss": 3.0, "last_alarm": None, "episode_start": None})
-    assert older.spike_pending() is None and older.on_step(13, 15.0) is None  # before "pending" existed
+    assert older.spike_pending() is None and older.on_step(13, 15.0) is None  # a state of the one-step rule
 
 
 def grad_spike_at(tr: Trainer, step: int, factor: float = 30.0, nan_from: int | None = None) -> None:

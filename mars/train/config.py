@@ -62,7 +62,8 @@ class TrainConfig:
     max_nonfinite_steps: int = 5  # stop after this many skipped (non-finite) steps in a row
     # divergence alarms (mars/train/health.py): a checkpoint within health_window steps after an alarm
     # is marked unhealthy, and rotation keeps the newest healthy one
-    spike_factor: float = 10.0  # grad norm above this x the recent median raises an alarm (0: off)
+    spike_factor: float = 10.0  # grad norm above this x the recent median is a spike; a lone one is no
+    # alarm, 3 steps in a row are (0: off)
     spike_loss: float = 1.0  # logged train loss this many nats above its best raises an alarm (0: off)
     health_window: int = 20
     backend: str | None = None  # process-group backend (None: nccl on CUDA, gloo on CPU)

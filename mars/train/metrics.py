@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from mars.files import write_atomic
-from mars.metrics_jsonl import METRICS_FILE, encode_line, jsonable, read_metrics
+from mars.metrics_jsonl import (
+    METRICS_FILE,
+    corrupt_line_message,
+    encode_line,
+    jsonable,
+    metrics_lines,
+    read_metrics,
+)
 
 __all__ = [
     "METRICS_FILE",
@@ -202,11 +209,27 @@ class MetricsFile:
         self._f = None
 
     def truncate_after(self, step: int) -> None:
-        """On resume: drop lines logged after the checkpoint we continue from (they will be redone)."""
+        """On resume: drop lines logged after the checkpoint we continue from (they will be redone), and a
+        last line torn by a kill. A damaged line among the kept ones stays as it is, with a warning (a
+        resume never fails for it); one among the dropped ones goes with them, said as well."""
         if not self.path.exists():
             return
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]  # a torn last line goes too
-        write_atomic(self.path, "".join(encode_line(r) for r in kept))  # a crash here keeps the old file
+        lines = metrics_lines(self.path)
+        later = [i for i, (_, _, r) in enumerate(lines) if r is not None and r.get("step", 0) > step]
+        tail = min(later, default=len(lines))  # lines are in step order: from here on, all are redone
+        kept = []
+        for i, (number, text, record) in enumerate(lines):
+            if record is None:
+                where = (
+                    "kept as it is; repair or delete it (the analysis tools refuse the file until then)"
+                    if i < tail
+                    else f"dropped with the lines after step {step}, which this run logs again"
+                )
+                log.warning(f"{corrupt_line_message(self.path, number, text)}: {where}")
+            if i < tail if record is None else record.get("step", 0) <= step:
+                kept.append(text + "\n")
+        data = "".join(kept).encode("utf-8", errors="surrogateescape")
+        write_atomic(self.path, data)  # a crash here keeps the old file
 
     def write(self, record: dict) -> None:
         if self._f is None:

@@ -11,9 +11,13 @@ Rules (checked on rank 0 before any data is read or a process group exists):
     the sweep before anything of any job is moved);
   * train.resume=auto continues the newest usable, healthy checkpoint of the run dir: a newer one that
     fails verification (truncated, corrupt, a checksum mismatch, non-finite weights) or that meta.json
-    marks unhealthy (saved just after a divergence alarm) is moved aside, and the log says which one it
-    continues; with no checkpoint at all the run starts fresh (a metrics.jsonl of a run that never
-    reached a checkpoint is moved aside); when every checkpoint is unhealthy it refuses and names them;
+    marks unhealthy (saved within train.health_window steps of a divergence alarm) is moved aside, and
+    the log says which one it continues. A preempted run always continues: when the newest usable
+    checkpoint is the one saved at a SIGTERM / Ctrl-C (meta.json "preempted"), it is continued even if
+    unhealthy, since the signal stopped the run, not its divergence (a divergence stop withdraws that).
+    With no checkpoint at all the run starts fresh (a metrics.jsonl of a run that never reached a
+    checkpoint is moved aside); with checkpoints but none usable and healthy (every one damaged or
+    unhealthy) it refuses, naming each one and why, and nothing is moved;
   * train.resume=PATH continues exactly that checkpoint (no fallback); checkpoints of this run dir
     newer than it are moved aside, so that later saves and resume=auto never mix the two histories;
   * a checkpoint beyond train.max_steps is refused; one at train.max_steps has nothing left to train;
@@ -187,16 +191,18 @@ def _newer_than(run_dir: Path, step_dir: Path) -> list[Path]:
 
 
 def _auto(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]], list[Path]]:
-    """resume=auto's choice: (newest usable healthy checkpoint, unusable ones with the reason, unhealthy
-    ones), looking from the newest down. Nothing is moved here."""
+    """resume=auto's choice: (newest usable healthy checkpoint, or the newest usable one when a signal
+    stopped the run there; unusable ones with the reason; unhealthy ones), looking from the newest down.
+    Nothing is moved here."""
     chosen, rejected, unhealthy = None, [], []
     for step_dir in reversed(ckpt.list_checkpoints(run_dir / ckpt.CKPT_DIR)):
         try:
-            healthy = bool(ckpt.read_meta(step_dir).get("healthy", True))
+            meta = ckpt.read_meta(step_dir)
         except ckpt.CheckpointError as e:
             rejected.append((step_dir, str(e)))
             continue
-        if not healthy:
+        preempted_here = bool(meta.get("preempted")) and not unhealthy  # no later unhealthy one
+        if not meta.get("healthy", True) and not preempted_here:
             unhealthy.append(step_dir)
             continue
         reason = _usable(step_dir)
@@ -219,24 +225,16 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
     skipped: list[str] = []  # log lines of resume=auto, said once every check has passed
     if resume == "auto":
         chosen, rejected, unhealthy = _auto(run_dir)
-        if chosen is None and unhealthy:
-            names = ", ".join(p.name for p in unhealthy)
-            raise ckpt.CheckpointError(
-                f"train.resume=auto: every usable checkpoint in {here} is marked unhealthy (saved within "
-                f"train.health_window steps of a divergence alarm: {names}); continue one anyway with "
-                f"train.resume={unhealthy[0]}, or start again with train.overwrite=true"
-            )
+        if chosen is None and (rejected or unhealthy):
+            raise ckpt.CheckpointError(_nothing_to_continue(here, rejected, unhealthy))
         skipped = [f"train.resume=auto: skipping {p}: {reason}" for p, reason in rejected] + [
             f"train.resume=auto: skipping {p}: marked unhealthy in its meta.json (saved within "
             "train.health_window steps of a divergence alarm)"
             for p in unhealthy
         ]
         if chosen is None:
-            for line in skipped:
-                log.warning(line)
-            note = "no usable checkpoint" if rejected else "no checkpoint"
             log.info(
-                f"train.resume=auto: {note} in {run_dir / ckpt.CKPT_DIR}, starting from scratch "
+                f"train.resume=auto: no checkpoint in {run_dir / ckpt.CKPT_DIR}, starting from scratch "
                 "(to continue an earlier run, also pass hydra.run.dir=THAT_RUN_DIR)"
             )
             _move_aside(run_dir, [run_dir / a for a in ARTIFACTS], "starting from scratch")
@@ -271,11 +269,42 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
         _fresh_start(run_dir, t.overwrite)
     if resume == "auto":
         log.info(f"train.resume=auto: continuing from {chosen} (step {meta['step']})")
+        if not meta.get("healthy", True):
+            log.warning(
+                f"{chosen} is marked unhealthy (saved within train.health_window steps of a divergence "
+                "alarm), and continued because the run was stopped there by a signal, not by divergence; "
+                "the divergence checks go on (to go back to an earlier checkpoint instead: "
+                "train.resume=PATH, with a lower optimizer.lr)"
+            )
     elif not meta.get("healthy", True):
         log.warning(
             f"{chosen} is marked unhealthy (saved just after a divergence alarm); continuing it as asked"
         )
     return chosen
+
+
+def _nothing_to_continue(here: Path, rejected: list[tuple[Path, str]], unhealthy: list[Path]) -> str:
+    """resume=auto's refusal when checkpoints exist but none can be continued: each one and why, and the
+    fixes. Starting over is never automatic: it would move the run's checkpoints aside."""
+    if not rejected:
+        names = ", ".join(p.name for p in unhealthy)
+        return (
+            f"train.resume=auto: every usable checkpoint in {here} is marked unhealthy (saved within "
+            f"train.health_window steps of a divergence alarm, and the run was not stopped there by a "
+            f"signal: {names}); continue one anyway with train.resume={unhealthy[0]} (with a lower "
+            "optimizer.lr), or start the run again: without train.resume, with train.overwrite=true (which "
+            "moves this run aside)"
+        )
+    found = [reason for _, reason in rejected] + [  # each reason names its file
+        f"{p.name}: marked unhealthy (saved within train.health_window steps of a divergence alarm)"
+        for p in unhealthy
+    ]
+    anyway = f"continue an unhealthy one anyway with train.resume={unhealthy[0]}, " if unhealthy else ""
+    return (
+        f"train.resume=auto: no checkpoint in {here} can be continued ({'; '.join(found)}); put back a good "
+        f"copy of one (e.g. from a backup), {anyway}or start the run again: without train.resume, with "
+        "train.overwrite=true (which moves this run aside)"
+    )
 
 
 def check_output_dir_writable(path_text: str, key: str) -> None:

@@ -1,9 +1,11 @@
 import json
+import logging
 import math
 
 import pytest
 import torch
 
+from mars import metrics_jsonl
 from mars.train import metrics
 from mars.train.metrics import MetricsFile, read_metrics, wandb_mode
 
@@ -30,6 +32,33 @@ def test_truncate_after_drops_lines_past_the_resumed_step_and_a_torn_tail(tmp_pa
     f.write({"step": 4, "tokens": 4})
     f.close()
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
+
+
+def test_a_damaged_line_in_the_middle_is_named_never_dropped_silently(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    good = [json.dumps({"step": s, "tokens": s}) for s in range(1, 6)]
+    path.write_bytes("\n".join([good[0], '{"step": 2, "tok\x00\x00', *good[2:], '{"step": 6, "tok']).encode())
+    with pytest.raises(metrics_jsonl.CorruptLineError) as e:
+        read_metrics(path)
+    assert str(e.value).startswith(f'{path} line 2 is not a JSON object (\'{{"step": 2, "tok\\x00\\x00\')')
+    assert f"repair or delete that line (e.g. sed -i 2d {path})" in str(e.value)
+
+    with caplog.at_level(logging.WARNING):
+        MetricsFile(tmp_path).truncate_after(3)  # a resume from step 3: the damaged line is kept, said
+    assert f"{path} line 2 is not a JSON object" in caplog.text and "kept as it is" in caplog.text
+    assert path.read_bytes().decode().splitlines() == [good[0], '{"step": 2, "tok\x00\x00', good[2]]
+
+    path.write_bytes(b"\n".join([good[0].encode(), good[3].encode(), b"\xff\xfe", good[4].encode(), b""]))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        MetricsFile(tmp_path).truncate_after(1)  # among the lines redone: dropped with them, said
+    assert f"{path} line 3 is not a JSON object" in caplog.text
+    assert "dropped with the lines after step 1, which this run logs again" in caplog.text
+    assert [r["step"] for r in read_metrics(path)] == [1]
+
+    path.write_bytes(b"\n".join([good[0].encode(), b"\xff\xfe", good[1].encode(), b""]))
+    MetricsFile(tmp_path).truncate_after(3)  # bytes that are not UTF-8 are kept as they were
+    assert path.read_bytes().splitlines()[1] == b"\xff\xfe"
 
 
 def test_wandb_mode_env_wins_and_online_without_key_goes_offline(monkeypatch, tmp_path):

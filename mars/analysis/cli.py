@@ -19,6 +19,18 @@ def _fail(e: Exception) -> int:
     return 2
 
 
+def _plugins_failed() -> int | None:
+    """Import the plugins first (runs may be of a plugin's architecture or optimizer, which labels ask
+    for): for one that cannot be imported, its one line and status 2 instead of a traceback later."""
+    from mars.plugins import PluginError, load_plugins
+
+    try:
+        load_plugins()
+    except PluginError as e:
+        return _fail(e)
+    return None
+
+
 def _direction_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--direction",
@@ -84,6 +96,8 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
         "(mars.analysis.edges): a best value at the lowest or highest swept value is named",
     )
     args = p.parse_args(argv)
+    if (status := _plugins_failed()) is not None:
+        return status
     out = args.out or args.sweep_dirs[0]
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         return _fail(AnalysisError(f"--out {args.out} is a file: give a directory (created if missing)"))
@@ -158,6 +172,8 @@ def summarize_main(argv: Sequence[str] | None = None, description: str | None = 
     )
     _direction_option(p)
     args = p.parse_args(argv)
+    if (status := _plugins_failed()) is not None:
+        return status
     root = args.multirun_dir
     if not root.is_dir():
         return _fail(AnalysisError(f"{root} is not a directory"))
@@ -230,6 +246,8 @@ def plot_curves_main(argv: Sequence[str] | None = None, description: str | None 
         help="y axes over the whole range (default: from the values after the first tenth of training)",
     )
     args = p.parse_args(argv)
+    if (status := _plugins_failed()) is not None:
+        return status
 
     inputs: list[Path] = []
     for path in args.inputs:

@@ -36,6 +36,7 @@ from typing import Any
 from mars.analysis.errors import AnalysisError
 from mars.analysis.groups import (
     Group,
+    at_sweep_length,
     check_comparable,
     duplicate_seeds,
     group_runs,
@@ -162,7 +163,7 @@ def build_report(
     m = metric_of(metric, direction)
     if target is not None and not math.isfinite(target):
         raise AnalysisError(f"--target {target} is not a finite value")
-    runs = load_runs(list(roots))
+    runs, extended = at_sweep_length(load_runs(list(roots)))
     require_metric(runs, m.key)
     check_comparable(runs)
     groups = group_runs(runs)
@@ -209,7 +210,7 @@ def build_report(
         fit_note=fit if isinstance(fit, str) else "",
         paired=paired,
         panels=panels,
-        warnings=_warnings(groups, results, m),
+        warnings=[*extended, *_warnings(groups, results, m)],
     )
 
 

@@ -40,10 +40,10 @@ from mars.train.metrics import register_metric
 _calls = 0
 
 
-def _kill_my_agent(model, optimizer):  # called on every rank at every log step (log_interval=1)
+def _kill_my_agent(model, optimizer):  # on every rank: once before step 1 (the check), then at every log step
     global _calls
     _calls += 1
-    if _calls == 3 and os.environ["RANK"] == "1":
+    if _calls == 1 + 3 and os.environ["RANK"] == "1":  # at the log of step 3
         os.kill(os.getppid(), signal.SIGKILL)  # this rank's torchrun agent
         time.sleep(120)  # the rank must die with its agent, not train on
     return 0.0

@@ -26,10 +26,10 @@ from mars.train.metrics import register_metric
 _calls = 0
 
 
-def _preempt_once(model, optimizer):
+def _preempt_once(model, optimizer):  # once before step 1 (the trainer's check), then at every log step
     global _calls
     _calls += 1
-    if _calls == 2:
+    if _calls == 1 + 2:  # at the log of step 2
         try:  # the first job here takes the marker; the other job runs straight
             os.close(os.open(os.environ["PREEMPT_MARKER"], os.O_CREAT | os.O_EXCL))
         except FileExistsError:

@@ -389,14 +389,23 @@ def _interrupted_line() -> str:
     return f"{text}; the checkpoints in {run_dir} are intact: continue with {resume_command(run_dir)}"
 
 
+def _own_run_dir() -> Path | None:
+    """Rank 0's run dir (where it records the outcome); None on the other ranks."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir) if env_rank() == 0 else None
+
+
 def _task(cfg: DictConfig) -> None:
     from mars.train.launch import run_on_own_gpus, wants_own_gpus
+    from mars.train.outcome import recorded
 
     try:
         if wants_own_gpus(cfg):
             run_on_own_gpus(cfg)
             return
-        run(cfg)
+        with recorded(_own_run_dir()) as outcome:  # RUN_DIR/outcome.json (mars.train.outcome)
+            outcome.status = run(cfg)
     except _user_errors() as e:
         _fail(str(e), EXIT_FAILED)
     except LostRankError as e:  # every surviving rank got here: one line per node

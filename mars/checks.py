@@ -45,9 +45,17 @@ def at_least(key: str, value: Any, minimum: float, what: str = "") -> None:
 
 
 def above(key: str, value: Any, bound: float = 0, what: str = "") -> None:
-    """A number > bound."""
+    """A finite number > bound (inf is no size, no epsilon, no timeout)."""
+    if is_number(value) and not math.isfinite(value):
+        fail(key, value, f"must be a finite number > {bound}{what}")
     if not is_number(value) or not value > bound:
         fail(key, value, f"must be > {bound}{what}")
+
+
+def at_most(key: str, value: Any, maximum: float, what: str = "") -> None:
+    """A number <= maximum (so finite: inf and nan are refused)."""
+    if not is_number(value) or not value <= maximum:
+        fail(key, value, f"must be <= {maximum}{what}")
 
 
 def finite_non_negative(key: str, value: Any) -> None:

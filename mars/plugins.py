@@ -19,6 +19,11 @@ Hydra can know that ``optimizer=my_variant`` exists):
 
 Each plugin is imported once per process. A plugin that cannot be imported stops the command with one
 line naming it (PluginError; exit status 2 at the command line).
+
+A name is registered once: every registry refuses a second registration of a name with other objects
+(``refuse_takeover``), so a plugin cannot silently replace a built-in optimizer, architecture, data
+source or metric, nor another plugin's. Registering the same objects again, or a module's objects of
+the same names again (the module imported a second time), changes nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 ENV = "MARS_PLUGINS"
 ENTRY_POINT_GROUP = "mars.plugins"
@@ -36,6 +43,59 @@ _done = False
 
 class PluginError(ValueError):
     """A plugin named in MARS_PLUGINS (or an entry point) could not be imported; the message says which."""
+
+
+class RegistrationError(ValueError):
+    """A registration a registry refuses: a name registered again with other objects (a plugin taking a
+    built-in's name: one line naming both modules), or what it registers cannot work (its fix named)."""
+
+
+def _code(obj: Any) -> Any:
+    """The class or function a registered object stands for (a functools.partial's function, an
+    instance's class)."""
+    obj = getattr(obj, "func", obj)
+    return obj if hasattr(obj, "__qualname__") else type(obj)
+
+
+def qualified_name(obj: Any) -> str:
+    """``module.qualname`` of a registered class or function."""
+    code = _code(obj)
+    return f"{getattr(code, '__module__', '?')}.{code.__qualname__}"
+
+
+def _same(a: Any, b: Any) -> bool:
+    """One registration's part and another's: the same object, classes or functions of the same module
+    and qualified name (their module imported again), or equal values."""
+    if a is b:
+        return True
+    if callable(a) and callable(b):
+        return qualified_name(a) == qualified_name(b)
+    return not callable(a) and not callable(b) and a == b
+
+
+def refuse_takeover(kind: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """RegistrationError unless registering `new` under `name` changes nothing: `old` and `new` map the
+    same parts ("config", "optimizer", ...) to the same things (``_same``). Otherwise one line naming
+    what holds the name, what would replace it, and their modules."""
+    differ = [part for part in old if not _same(old[part], new.get(part))]
+    if not differ:
+        return
+
+    def side(parts: Mapping[str, Any]) -> tuple[str, str]:
+        values = [parts.get(p) for p in differ]
+        shown = [
+            qualified_name(v) if callable(v) else f"{p}={v!r}" for p, v in zip(differ, values, strict=True)
+        ]
+        code = [_code(v) for v in (values if any(map(callable, values)) else parts.values()) if callable(v)]
+        modules = dict.fromkeys(getattr(c, "__module__", "?") for c in code)
+        return ", ".join(shown), ", ".join(modules) or "?"
+
+    (old_names, old_modules), (new_names, new_modules) = side(old), side(new)
+    raise RegistrationError(
+        f"{kind} {name!r} is already registered ({old_names}) by {old_modules}; {new_modules} registers "
+        f"{new_names} under the same name, which would silently replace it: a plugin cannot take a "
+        "built-in's (or another module's) name, so register it under a name of its own"
+    )
 
 
 def plugin_names() -> list[str]:
@@ -65,6 +125,10 @@ def load_plugins() -> list[str]:
             continue
         try:
             importlib.import_module(module)
+        except RegistrationError as e:  # it imports, but registers what a registry refuses
+            _done = False
+            sys.modules.pop(module, None)
+            raise PluginError(f"{where}: plugin {module!r} cannot be loaded: {e}") from e
         except Exception as e:  # noqa: BLE001 - any failure of user code is reported as one line
             _done = False
             sys.modules.pop(module, None)

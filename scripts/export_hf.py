@@ -12,11 +12,40 @@ the tokenizer is the one the run's data was prepared with (data.tokenizer).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from mars.checkpoint import CheckpointError
 from mars.checkpoint.export import export_hf
 from mars.data.errors import DataError
-from mars.entry import ArgumentParser
+from mars.entry import EXIT_FAILED, EXIT_USAGE, ArgumentParser
+from mars.files import nearest_existing, try_create_dir_in
+from mars.plugins import PluginError, load_plugins
+
+
+def _error(message: object, status: int = EXIT_FAILED) -> int:
+    """One ``error:`` line on stderr, a message of several lines (YAML's) joined as mars.entry.fail and
+    train.py join them; returns the exit status."""
+    print(
+        "error: " + " ".join(line.strip() for line in str(message).splitlines() if line.strip()),
+        file=sys.stderr,
+    )
+    return status
+
+
+def _check_writable(out: Path) -> str | None:
+    """Why OUT_DIR cannot be written (None: it can), found before the checkpoint is read."""
+    base = nearest_existing(out.absolute())
+    if base == out.absolute() and not base.is_dir():
+        return None  # a file named OUT_DIR: export_hf says so
+    try:
+        try_create_dir_in(base)
+    except NotADirectoryError:
+        return f"OUT_DIR {out}: {base} is a file, not a directory; choose another OUT_DIR"
+    except OSError as e:
+        return (
+            f"OUT_DIR {out}: cannot create directories in {base} ({e.strerror or e}); choose another OUT_DIR"
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,10 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
     args = parser.parse_args(argv)
     try:
+        load_plugins()  # a plugin's architecture must be registered before its model.json is read
+    except PluginError as e:
+        return _error(e, EXIT_USAGE)
+    problem = _check_writable(Path(args.out_dir))
+    if problem:
+        return _error(problem)
+    try:
         out = export_hf(args.path, args.out_dir, force=args.force)
     except (CheckpointError, FileExistsError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return _error(e)
+    except OSError as e:  # e.g. the disk filled up while writing
+        return _error(f"cannot write {args.out_dir} ({e}); free space or choose another OUT_DIR")
     print(f"wrote {out} (load with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
     return 0
 

@@ -33,6 +33,8 @@ from mars.checks import (
         ),
         (lambda: above("model.norm_eps", 0.0), "model.norm_eps=0.0 must be > 0"),
         (lambda: above("limit", "all", 0), "limit='all' must be > 0"),
+        (lambda: above("model.rope_theta", math.inf), "model.rope_theta=inf must be a finite number > 0"),
+        (lambda: above("model.norm_eps", math.nan), "model.norm_eps=nan must be a finite number > 0"),
         (
             lambda: finite_non_negative("optimizer.lr", math.inf),
             "optimizer.lr=inf must be a finite number >= 0",

@@ -19,6 +19,18 @@ def _fail(e: Exception) -> int:
     return 2
 
 
+def _plugins_failed() -> int | None:
+    """Import the plugins first (runs may be of a plugin's architecture or optimizer, which labels ask
+    for): for one that cannot be imported, its one line and status 2 instead of a traceback later."""
+    from mars.plugins import PluginError, load_plugins
+
+    try:
+        load_plugins()
+    except PluginError as e:
+        return _fail(e)
+    return None
+
+
 def _direction_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--direction",
@@ -77,7 +89,15 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
         "(the tuned baseline, e.g. the best AdamW lr of a sweep; for --metric: the best mean final value)",
     )
     p.add_argument("--out", type=Path, help="where report.md/.json and the plots go (default: the first dir)")
+    p.add_argument(
+        "--edges",
+        action="store_true",
+        help="also check each optimizer's best setting against the bounds of what was swept "
+        "(mars.analysis.edges): a best value at the lowest or highest swept value is named",
+    )
     args = p.parse_args(argv)
+    if (status := _plugins_failed()) is not None:
+        return status
     out = args.out or args.sweep_dirs[0]
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         return _fail(AnalysisError(f"--out {args.out} is a file: give a directory (created if missing)"))
@@ -91,7 +111,8 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
             direction=args.direction,
             paired=not args.unpaired,
         )
-        written = write_report(report, out)
+        edges = _edge_lines(args.sweep_dirs, report.metric) if args.edges else []
+        written = write_report(report, out, [("Edges of the swept ranges", edges)] if edges else [])
     except AnalysisError as e:
         return _fail(e)
     except OSError as e:
@@ -104,10 +125,23 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
         print("\n".join(comparison_lines(report)))
         print()
         print(comparison_table(report))
+    if edges:
+        print("\nEdges of the swept ranges:")
+        print("\n".join(f"  {line}" for line in edges))
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print("\nwrote " + ", ".join(str(w) for w in written))
     return 0
+
+
+def _edge_lines(roots: Sequence[Path], metric) -> list[str]:
+    """report.py --edges: what was checked, then each edge found (or that none was)."""
+    from mars.analysis.edges import sweep_edges
+    from mars.analysis.runs import load_runs
+
+    edges, checked = sweep_edges(load_runs(list(roots)), metric)
+    found = [f"edge: {e.line()}" for e in edges]
+    return checked + (found or ["no best setting sits at a bound of what was swept"])
 
 
 def summarize_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
@@ -138,6 +172,8 @@ def summarize_main(argv: Sequence[str] | None = None, description: str | None = 
     )
     _direction_option(p)
     args = p.parse_args(argv)
+    if (status := _plugins_failed()) is not None:
+        return status
     root = args.multirun_dir
     if not root.is_dir():
         return _fail(AnalysisError(f"{root} is not a directory"))
@@ -210,6 +246,8 @@ def plot_curves_main(argv: Sequence[str] | None = None, description: str | None 
         help="y axes over the whole range (default: from the values after the first tenth of training)",
     )
     args = p.parse_args(argv)
+    if (status := _plugins_failed()) is not None:
+        return status
 
     inputs: list[Path] = []
     for path in args.inputs:

@@ -16,18 +16,19 @@ not a comparison; `-m train.max_steps=200,400` is a sweep over training length.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from mars.analysis.errors import AnalysisError
-from mars.analysis.labels import Column, Item, cell, format_value, item_of
+from mars.analysis.labels import Column, Item, cell, format_value, item_of, number_text
 from mars.analysis.metric import Metric
 from mars.analysis.runs import Run
 from mars.analysis.settings import canonical, comparability_keys, with_defaults
@@ -44,6 +45,100 @@ class Group:
     @property
     def item(self) -> Item:
         return Item(self.settings, self.overrides)
+
+
+# ----------------------------------------------------------------------------- runs trained on
+
+
+def extended(run: Run) -> bool:
+    """Whether the run was continued with a new train.max_steps (train.resume and train.max_steps among
+    its overrides: how docs/training.md trains a finished run on) rather than launched with it."""
+    return "train.max_steps" in run.overrides and "train.resume" in run.overrides
+
+
+def _same_setting(run: Run, runs: Sequence[Run]) -> list[Run]:
+    """The runs that agree with `run` on every setting but train.max_steps (seeds aside)."""
+
+    def key(r: Run) -> str:
+        return canonical({k: v for k, v in item_of(r).settings.items() if k != "train.max_steps"})
+
+    mine = key(run)
+    return [r for r in runs if key(r) == mine]
+
+
+def _launched(sweep: Sequence[Run]) -> list[Run]:
+    """The runs of a sweep that run the sweep's own train.max_steps (they give it no override)."""
+    return [r for r in sweep if "train.max_steps" not in r.overrides]
+
+
+def sweep_length(run: Run, sweep: Sequence[Run]) -> int | None:
+    """The train.max_steps an extended run was launched with: that of the runs of its sweep that set none
+    of their own, preferring those of its own setting; None where they do not agree on one shorter than
+    the run's."""
+    for pool in (_same_setting(run, _launched(sweep)), _launched(sweep)):
+        lengths = {r.flat.get("train.max_steps") for r in pool}
+        if len(lengths) == 1:
+            (length,) = lengths
+            longer = isinstance(length, int) and length < (run.flat.get("train.max_steps") or 0)
+            return length if longer else None
+    return None
+
+
+def cut_at(run: Run, steps: int) -> Run:
+    """The run as it stood at `steps`: later lines dropped, train.max_steps `steps`, the overrides that
+    extended it gone."""
+    metrics = {k: [p for p in points if not p.step > steps] for k, points in run.metrics.items()}
+    metrics = {k: points for k, points in metrics.items() if points}
+    config = copy.deepcopy(run.config)
+    config.setdefault("train", {})["max_steps"] = steps
+    kept = [p for points in metrics.values() for p in points]
+    return replace(
+        run,
+        config=config,
+        overrides={k: v for k, v in run.overrides.items() if k not in ("train.max_steps", "train.resume")},
+        metrics=metrics,
+        last_step=min(run.last_step, steps),
+        last_tokens=max((p.tokens for p in kept), default=0.0),
+    )
+
+
+def at_sweep_length(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
+    """Runs of a sweep continued beyond their siblings' train.max_steps (extended), cut back to it, with a
+    note per run: they are compared on the training their siblings also did, where the sweep's setting
+    is defined, and group with those siblings. Up to that step the run was one of them, as long as it was
+    continued from the end of its first training: one continued earlier followed the longer lr schedule
+    before it, which the note says (its lr, logged on every training line, differs from its siblings')."""
+    by_sweep: dict[Path | None, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_sweep[run.sweep].append(run)
+    out, notes = [], []
+    for run in runs:
+        length = sweep_length(run, by_sweep[run.sweep]) if extended(run) else None
+        if length is None:
+            out.append(run)
+            continue
+        cut = cut_at(run, length)
+        out.append(cut)
+        note = (
+            f"{run.path} was trained on to train.max_steps={run.flat.get('train.max_steps')}; compared at "
+            f"step {length}, its sweep's length (report it alone for the longer run)"
+        )
+        siblings = _same_setting(run, _launched(by_sweep[run.sweep]))
+        if siblings and _lr_differs(cut, siblings[0]):
+            note += f"; its lr differs from its siblings' before step {length}: continued before it got there"
+        notes.append(note)
+    return out, notes
+
+
+def _lr_differs(run: Run, sibling: Run) -> bool:
+    theirs = {p.step: p.value for p in sibling.metrics.get("lr", ())}
+    return any(
+        p.step in theirs and not math.isclose(p.value, theirs[p.step], rel_tol=1e-6)
+        for p in run.metrics.get("lr", ())
+    )
+
+
+# ----------------------------------------------------------------------------- groups
 
 
 def group_runs(runs: Sequence[Run]) -> list[Group]:
@@ -78,8 +173,8 @@ def sort_groups(groups: list[Group], columns: Sequence[Column]) -> list[Group]:
 def swept_keys(runs: Sequence[Run]) -> set[str]:
     """Override keys (and config groups) that some sweep gave different values among its own runs."""
     by_sweep: dict[Path, list[dict[str, str]]] = defaultdict(list)
-    for run in runs:
-        by_sweep[run.sweep].append({**run.choices, **run.overrides})
+    for run in runs:  # numbers as labels show them: 3e-3 and 0.003 are one value
+        by_sweep[run.sweep].append({k: number_text(v) for k, v in {**run.choices, **run.overrides}.items()})
     swept: set[str] = set()
     for views in by_sweep.values():
         for key in {k for v in views for k in v}:

@@ -40,16 +40,40 @@ _SHAPE = ("model.arch", "model.n_layer", "model.n_head", "model.n_embd")  # what
 
 
 def format_value(value: Any) -> str:
-    """A config value as a label shows it: 0.003, 1e-05, true, [0.9, 0.95]."""
+    """A config value as a label shows it: 0.003, 1e-05, 0.0, true, [0.9, 0.95]. The one number format of
+    labels, tables and grouping: a float as the shortest text that reads back as the same float (Python's
+    repr), whether the command line said 3e-3 or 0.003; two different values never look alike."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:g}"
+        return repr(value)
     if value is None:
         return "null"
     if isinstance(value, list):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
     return str(value)
+
+
+def number_text(text: str) -> str:
+    """An override's text as labels show it: a number in format_value's form (3e-3 -> 0.003, 1_000 ->
+    1000), anything else (a config group's choice, a list) as typed."""
+    for parse in (int, float):
+        try:
+            return format_value(parse(text))
+        except ValueError:
+            continue
+    return text
+
+
+def override_value(item: Item, key: str) -> str | None:
+    """The value of an override (or config-group choice) as labels show and compare it: a config key's
+    value in the item's settings (so optimizer.lr=3e-3 and optimizer.lr=0.003 are one value, 0.003), a
+    config group's choice as typed; None where the item has no such override."""
+    if key not in item.overrides:
+        return None
+    if key in item.settings:
+        return format_value(item.settings[key])
+    return number_text(item.overrides[key])
 
 
 def optimizer_title(flat: dict[str, Any]) -> str:
@@ -139,7 +163,7 @@ def _determined_by(items: Sequence[Item], override: str, value_of: Callable[[Ite
     """Whether items with the same value of `override` always agree on value_of(item)."""
     by_choice: dict[str | None, set[str]] = {}
     for it in items:
-        by_choice.setdefault(it.overrides.get(override), set()).add(canonical(value_of(it)))
+        by_choice.setdefault(override_value(it, override), set()).add(canonical(value_of(it)))
     return all(len(values) == 1 for values in by_choice.values())
 
 
@@ -164,7 +188,7 @@ def varying_columns(items: Sequence[Item]) -> list[Column]:
         columns.append(Column("optimizer", "optimizer", "optimizer"))
     overrides = sorted({k for it in items for k in it.overrides}, key=lambda k: ("." not in k, k))
     for o in overrides:
-        if o == "optimizer" or len({it.overrides.get(o) for it in items}) < 2:
+        if o == "optimizer" or len({override_value(it, o) for it in items}) < 2:
             continue
         if "." in o:
             covered = {o} & differing
@@ -221,7 +245,7 @@ def cell(column: Column, item: Item) -> str | None:
     if not applies(column.key, item.optimizer):
         return None
     if column.kind == "override" and column.key in item.overrides:
-        return item.overrides[column.key]
+        return override_value(item, column.key)
     if column.key in item.settings:
         return format_value(item.settings[column.key])
     return None

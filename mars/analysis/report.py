@@ -36,6 +36,7 @@ from typing import Any
 from mars.analysis.errors import AnalysisError
 from mars.analysis.groups import (
     Group,
+    at_sweep_length,
     check_comparable,
     duplicate_seeds,
     group_runs,
@@ -162,7 +163,7 @@ def build_report(
     m = metric_of(metric, direction)
     if target is not None and not math.isfinite(target):
         raise AnalysisError(f"--target {target} is not a finite value")
-    runs = load_runs(list(roots))
+    runs, extended = at_sweep_length(load_runs(list(roots)))
     require_metric(runs, m.key)
     check_comparable(runs)
     groups = group_runs(runs)
@@ -209,7 +210,7 @@ def build_report(
         fit_note=fit if isinstance(fit, str) else "",
         paired=paired,
         panels=panels,
-        warnings=_warnings(groups, results, m),
+        warnings=[*extended, *_warnings(groups, results, m)],
     )
 
 
@@ -522,7 +523,10 @@ NOTES = """\
   paired) for 80% power at the observed difference, if the spread stays as observed."""
 
 
-def render_markdown(report: Report, figures: Sequence[str] = ()) -> str:
+def render_markdown(
+    report: Report, figures: Sequence[str] = (), sections: Sequence[tuple[str, Sequence[str]]] = ()
+) -> str:
+    """report.md; `sections`: (title, lines) added after the notes (e.g. report.py --edges)."""
     parts = [
         "# Sweep report",
         "",
@@ -535,6 +539,8 @@ def render_markdown(report: Report, figures: Sequence[str] = ()) -> str:
     parts += ["", NOTES]
     if report.warnings:
         parts += ["", "Warnings:", *(f"- {w}" for w in report.warnings)]
+    for title, lines in sections:
+        parts += ["", f"{title}:", *(f"- {line}" for line in lines)]
     for fig in figures:
         parts += ["", f"![{Path(fig).stem}]({Path(fig).name})"]
     return "\n".join(parts) + "\n"
@@ -647,8 +653,9 @@ def to_json(report: Report) -> dict:
     )  # fmt: skip
 
 
-def write_report(report: Report, out: Path) -> list[Path]:
-    """report.md, report.json, report_curves.png/.pdf and, for exactly two varying keys, a heatmap."""
+def write_report(report: Report, out: Path, sections: Sequence[tuple[str, Sequence[str]]] = ()) -> list[Path]:
+    """report.md, report.json, report_curves.png/.pdf and, for exactly two varying keys, a heatmap;
+    `sections` go into report.md (render_markdown)."""
     out.mkdir(parents=True, exist_ok=True)
     curves = [
         GroupCurves(g.label or "all runs", g.bands, baseline=g.baseline, n_seeds=g.n) for g in report.groups
@@ -664,7 +671,7 @@ def write_report(report: Report, out: Path) -> list[Path]:
     if len(report.columns) == 2:
         figures += _heatmap(report, out / "report_heatmap.png")
     md, js = out / "report.md", out / "report.json"
-    md.write_text(render_markdown(report, [f for f in figures if f.suffix == ".png"]))
+    md.write_text(render_markdown(report, [f for f in figures if f.suffix == ".png"], sections))
     js.write_text(json.dumps(to_json(report), indent=2) + "\n")
     return [md, js, *figures]
 

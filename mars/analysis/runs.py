@@ -2,8 +2,9 @@
 
 A run dir is any dir holding ``.hydra/config.yaml`` (a sweep job ``SWEEP/N/`` or a plain run
 ``outputs/DATE/TIME/``). Its ``metrics.jsonl`` is read by mars.metrics_jsonl, the format's one
-reader (shared with the trainer): "nan"/"inf" strings become floats, a line cut short by a kill is
-skipped.
+reader (shared with the trainer): "nan"/"inf" strings become floats, a last line cut short by a kill
+is skipped, and a damaged line anywhere else refuses the run dir in one line naming the file and line
+(a run compared without some of its lines would be compared on numbers nobody chose).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import yaml
 
 from mars.analysis.errors import AnalysisError
 from mars.metrics_jsonl import METRICS_FILE as METRICS
-from mars.metrics_jsonl import read_metrics, to_float
+from mars.metrics_jsonl import CorruptLineError, read_metrics, to_float
 
 CONFIG = Path(".hydra") / "config.yaml"
 OVERRIDES = Path(".hydra") / "overrides.yaml"
@@ -193,7 +194,11 @@ def load_run(path: Path, sweep: Path | None = None, with_metrics: bool = True) -
     run.has_metrics = metrics.is_file()
     if not run.has_metrics or not with_metrics:
         return run
-    for rec in read_metrics(metrics):
+    try:
+        records = read_metrics(metrics)
+    except CorruptLineError as e:
+        raise AnalysisError(str(e)) from None
+    for rec in records:
         tokens = to_float(rec.get("tokens"))
         if tokens is None:
             continue

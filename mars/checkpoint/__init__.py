@@ -41,6 +41,7 @@ _LAZY = {
     "save_checkpoint": "mars.checkpoint.save",
     "rotate": "mars.checkpoint.save",
     "is_healthy": "mars.checkpoint.save",
+    "update_meta": "mars.checkpoint.save",
     "verify_checkpoint": "mars.checkpoint.load",
     "check_model_shape": "mars.checkpoint.load",
     "load_model": "mars.checkpoint.load",

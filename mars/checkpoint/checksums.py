@@ -7,6 +7,12 @@ Every file of the step directory is listed (sharded/ included) except meta.json,
 it and whose "checksums" field names the algorithm: a checkpoint whose meta.json has that field and no
 (valid) checksums.json is refused, one written before checksums existed loads with a note.
 
+Verifying reads only what the checkpoint itself holds, and no more than checksums.json expects: an
+entry must name a path inside the step directory (no absolute path, no `..`), the file must be a
+regular file (a device, a FIFO or a directory is refused before it is opened for reading) of exactly
+the recorded size, and at most that many bytes are read; a file of the step directory that the record
+does not list is refused too (it would be read unverified).
+
 The hash is xxHash's XXH3-128 (the xxhash package, which datasets and wandb already require): not
 cryptographic, but made to catch accidental changes (a bit flip, a truncated or bad copy) and fast enough
 that a GB-sized file costs well under a second beyond reading it (docs/reliability.md has a figure).
@@ -18,8 +24,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
+import stat
 from collections.abc import Callable, Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from mars.checkpoint.layout import CHECKSUMS, META, CheckpointError, read_json_object
 
@@ -30,16 +38,19 @@ log = logging.getLogger("mars.checkpoint")
 _noted: set[Path] = set()
 
 
-def file_digest(path: str | os.PathLike) -> str:
-    """XXH3-128 of a file's bytes (hex), read in large chunks into one reused buffer."""
+def file_digest(path: str | os.PathLike, size: int | None = None) -> str:
+    """XXH3-128 of a file's bytes (hex), read in large chunks into one reused buffer; with `size`, of
+    its first `size` bytes at most (verification never reads more than a checkpoint records)."""
     import xxhash
 
     h = xxhash.xxh3_128()
     buf = bytearray(CHUNK)
     view = memoryview(buf)
+    left = -1 if size is None else size
     with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(view):
+        while left and (n := f.readinto(view if left < 0 or left >= CHUNK else view[:left])):
             h.update(view[:n])
+            left = left - n if left > 0 else left
     return h.hexdigest()
 
 
@@ -79,7 +90,8 @@ def _note_unverified(step_dir: Path) -> None:
 
 def verify(step_dir: str | os.PathLike, meta: dict, only: Callable[[str], bool] | None = None) -> bool:
     """Compare the files of a checkpoint (those `only` accepts) with its checksums.json: CheckpointError
-    naming the first file whose size or bytes differ. False (with a note, once) for a checkpoint written
+    naming the first entry that names a path outside the checkpoint, the first such file that is not
+    listed, or whose kind, size or bytes differ. False (with a note, once) for a checkpoint written
     before checksums existed (meta.json without "checksums")."""
     step_dir = Path(step_dir)
     if "checksums" not in meta:
@@ -99,27 +111,64 @@ def verify(step_dir: str | os.PathLike, meta: dict, only: Callable[[str], bool] 
             f"{file}: expected {{'algorithm': '{ALGORITHM}', 'files': {{...}}}}, found algorithm "
             f"{algorithm!r}; use a checkpoint written by this version of mars"
         )
-    for rel, entry in sorted(files.items()):
-        if only is not None and not only(rel):
-            continue
-        path = step_dir / rel
-        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or ALGORITHM not in entry:
+    outside = next((rel for rel in sorted(files) if not _inside(rel)), None)
+    if outside is not None:
+        raise CheckpointError(
+            f"{file}: the entry {outside!r} is not a path inside {step_dir} (a checkpoint lists only its "
+            "own files, as relative paths without '..'); use another checkpoint, or copy this one again"
+        )
+    wanted = [rel for rel in sorted(files) if only is None or only(rel)]
+    unlisted = [rel for rel in summed_files(step_dir) if rel not in files and (only is None or only(rel))]
+    if unlisted:
+        more = f" (and {len(unlisted) - 1} more file(s))" if len(unlisted) > 1 else ""
+        raise CheckpointError(
+            f"{step_dir / unlisted[0]}{more} is not listed in {file}, which records every file of the "
+            "checkpoint when it is written: it was added since (or the record was edited) and cannot be "
+            "verified; remove it if it is not part of the checkpoint, or use another checkpoint"
+        )
+    for rel in wanted:
+        entry = files[rel]
+        if not isinstance(entry, dict) or not _size(entry.get("size")) or ALGORITHM not in entry:
             raise CheckpointError(f"{file}: the entry of {rel} should hold 'size' and '{ALGORITHM}'")
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise CheckpointError(
-                f"{path} is missing (listed in {file}); use another checkpoint, or copy this one again"
-            ) from None
-        if size != entry["size"]:
-            raise CheckpointError(
-                f"{path} has {size} bytes, {file} records {entry['size']}: the file was truncated or changed "
-                "after the checkpoint was written; use another checkpoint, or copy this one again"
-            )
-        if file_digest(path) != entry[ALGORITHM]:
-            raise CheckpointError(
-                f"{path}: its bytes do not match the {ALGORITHM} checksum in {file}: the file changed after "
-                "the checkpoint was written (a bit flip, a bad copy); use another checkpoint, or copy this "
-                "one again"
-            )
+        _check_file(step_dir / rel, entry, file)
     return True
+
+
+def _inside(rel: object) -> bool:
+    """A relative POSIX path in normal form that stays inside its directory."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        return False
+    path = PurePosixPath(rel)
+    return not path.is_absolute() and ".." not in path.parts and posixpath.normpath(rel) == rel
+
+
+def _size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_file(path: Path, entry: dict, file: Path) -> None:
+    """The file is a regular file of the recorded size whose first `size` bytes hash as recorded."""
+    try:
+        info = path.stat()  # follows a symlink (a checkpoint kept by DVC or git-annex); never blocks
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path} is missing (listed in {file}); use another checkpoint, or copy this one again"
+        ) from None
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read ({e.strerror or e}), listed in {file}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(
+            f"{path} is not a regular file (listed in {file}): a checkpoint holds only regular files; use "
+            "another checkpoint, or copy this one again"
+        )
+    if info.st_size != entry["size"]:
+        raise CheckpointError(
+            f"{path} has {info.st_size} bytes, {file} records {entry['size']}: the file was truncated or "
+            "changed after the checkpoint was written; use another checkpoint, or copy this one again"
+        )
+    if file_digest(path, size=entry["size"]) != entry[ALGORITHM]:
+        raise CheckpointError(
+            f"{path}: its bytes do not match the {ALGORITHM} checksum in {file}: the file changed after "
+            "the checkpoint was written (a bit flip, a bad copy); use another checkpoint, or copy this "
+            "one again"
+        )

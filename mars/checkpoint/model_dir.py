@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from mars.checkpoint.layout import MODEL_CONFIG, MODEL_WEIGHTS, CheckpointError, read_json_object
 from mars.files import write_atomic
 from mars.model.lm import copy_full_, unwrap_model
-from mars.model.spec import DEFAULT_ARCH, ModelSpec, arch, model_config, spec_of
+from mars.model.spec import DEFAULT_ARCH, ModelSpec, arch, arch_names, check_values, model_config, spec_of
 
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DistributedDataParallel
 
@@ -78,10 +78,17 @@ def read_model_config(file: Path):
     """The model config (of the architecture its arch names) from a model.json, with every problem
     reported against the file."""
     raw = read_json_object(file)
-    try:
-        spec: ModelSpec = arch(saved_arch(raw))
-    except ValueError as e:
-        raise CheckpointError(f"{file}: {e} (this version of mars cannot load it)") from None
+    name = saved_arch(raw)
+    if name not in arch_names():  # (a plugin that cannot be imported is its own one line: PluginError)
+        from mars.plugins import ENV, plugin_names
+
+        now = f"{ENV}={','.join(plugin_names())}" if plugin_names() else f"{ENV} is not set"
+        raise CheckpointError(
+            f"{file}: model.arch={name!r} is not an architecture of this process (it knows "
+            f"{', '.join(arch_names())}; {now}): it is a plugin's, so name the module that registers "
+            f"{name!r} in {ENV} (e.g. {ENV}=my_arch python ...), or the file comes from a newer mars"
+        )
+    spec: ModelSpec = arch(name)
     unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(spec.config)})
     missing = [k for k in spec.required_keys if k not in raw]
     if unknown or missing:
@@ -93,7 +100,7 @@ def read_model_config(file: Path):
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     try:
-        spec.validate(config)
+        check_values(config)
     except ValueError as e:
         raise CheckpointError(f"{file}: {e}") from None
     return config

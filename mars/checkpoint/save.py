@@ -37,7 +37,7 @@ from mars.checkpoint.layout import (
     step_dirname,
 )
 from mars.checkpoint.model_dir import save_model, save_model_config
-from mars.files import fsync_dir, fsync_file, fsync_tree
+from mars.files import fsync_dir, fsync_file, fsync_tree, write_atomic
 
 
 def _distributed() -> bool:
@@ -200,13 +200,31 @@ def is_healthy(step_dir: Path) -> bool:
         return False
 
 
+def update_meta(step_dir: Path, **changes) -> None:
+    """Rewrite fields of a checkpoint's meta.json in one step (the health verdicts the trainer learns
+    after the save; meta.json is outside checksums.json)."""
+    meta = read_meta(step_dir)
+    meta.update(changes)
+    write_atomic(Path(step_dir) / META, json.dumps(meta, indent=2) + "\n", fsync=True)
+
+
+def _settled_healthy(step_dir: Path) -> bool:
+    """Healthy, and saved with no gradient spike pending (one that a later alarm could still date the
+    trouble from, which would mark it unhealthy: mars.train.health)."""
+    try:
+        meta = read_meta(step_dir)
+    except CheckpointError:
+        return False
+    return bool(meta.get("healthy", True)) and meta.get("spike_pending") is None
+
+
 def rotate(ckpt_root: str | os.PathLike, keep_last: int) -> None:
-    """Delete complete checkpoints beyond the newest `keep_last`, except the newest healthy one, and
-    leftovers of interrupted saves."""
+    """Delete complete checkpoints beyond the newest `keep_last`, except the newest healthy one saved with
+    no spike pending, and leftovers of interrupted saves."""
     root = Path(ckpt_root)
     found = list_checkpoints(root)
     keep = set(found[-keep_last:]) if keep_last > 0 else set(found)
-    healthy = [p for p in found if is_healthy(p)]
+    healthy = [p for p in found if _settled_healthy(p)]
     if healthy:
         keep.add(healthy[-1])
     for old in found:

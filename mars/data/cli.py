@@ -1,6 +1,6 @@
 """`mars-prepare` / `python scripts/prepare_data.py`: tokenize a dataset into shards.
 
-    python scripts/prepare_data.py data=NAME [data.KEY=VALUE ...]
+    python scripts/prepare_data.py data=NAME [data.KEY=VALUE ...] [resplit=true]
 
 The primary config is configs/prepare.yaml (``data: embedded`` by default); its schema,
 ``PrepareConfig``, is registered with Hydra as ``prepare_schema`` so a mistyped key fails.
@@ -26,6 +26,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 @dataclass
 class PrepareConfig:
     data: DataConfig = field(default_factory=DataConfig)
+    # true: a directory prepared with another validation split (data.split_seed; null for every dataset
+    # prepared before documents were sampled) has its shards removed and is prepared again with this one
+    resplit: bool = False
 
 
 ConfigStore.instance().store(name="prepare_schema", node=PrepareConfig)
@@ -45,7 +48,7 @@ def run(cfg: DictConfig) -> Path:
 
     data_cfg: DataConfig = OmegaConf.to_object(cfg.data)
     try:
-        return prepare(data_cfg)
+        return prepare(data_cfg, resplit=cfg.resplit)
     except DataError as e:
         fail(str(e))
     except OSError as e:  # e.g. reading a source file: the message names it

@@ -38,7 +38,11 @@ class DataConfig:
     # text field, a null parquet value) stops preparation, naming it; true skips and counts such documents
     skip_bad_documents: bool = False
     # shards and split
-    val_tokens: int = 20_000  # held-out validation tokens, taken first from the document stream
+    val_tokens: int = 20_000  # held-out validation tokens: documents sampled from the stream (split_seed)
+    # the validation documents are those of smallest key splitmix64(split_seed, document index): a uniform
+    # sample of the stream (mars.data.split); null: the first val_tokens tokens (how datasets were split
+    # before). Not for the embedded corpus, whose documents are shuffled with data.seed before the split
+    split_seed: int | None = 1337
     shard_tokens: int = 100_000_000
     num_workers: int = 2
     seed: int = 1337  # shuffles the embedded corpus' documents

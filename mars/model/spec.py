@@ -98,22 +98,42 @@ class ModelSpec:
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
-_loaded = False
+_loaded = False  # the built-ins and the plugins
+_builtins_loaded = False
 
 
 def register_arch(spec: ModelSpec) -> ModelSpec:
     """Add an architecture (call at the end of its module). Its config's first field must be `arch`
-    with default ``spec.name``; a name is registered once (re-importing the same module is fine)."""
+    with default ``spec.name``; a name is registered once: another module's spec under a registered
+    name (a built-in's) is refused, whatever its classes are called (mars.plugins.refuse_takeover), and
+    re-importing the same module changes nothing."""
+    from mars.plugins import refuse_takeover
+
     fields = dataclasses.fields(spec.config)
     if not fields or fields[0].name != "arch" or fields[0].default != spec.name:
         raise ValueError(
             f"register_arch({spec.name!r}): the config's first field must be arch = {spec.name!r}"
         )
+    if spec.model.__module__ not in ARCH_MODULES:
+        _load_builtins()  # a plugin's name is checked against every built-in, loaded or not yet
     old = _REGISTRY.get(spec.name)
-    if old is not None and old.config.__qualname__ != spec.config.__qualname__:
-        raise ValueError(f"an architecture named {spec.name!r} is already registered")
+    if old is not None:
+        refuse_takeover("architecture", spec.name, _parts(old), _parts(spec))
     _REGISTRY[spec.name] = spec
     return spec
+
+
+def _parts(spec: ModelSpec) -> dict[str, Any]:
+    """A spec's fields by name: what tells two registrations of an architecture apart."""
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True  # first: each module registers through register_arch while it loads
+        for module in ARCH_MODULES:
+            importlib.import_module(module)
 
 
 def _load() -> None:
@@ -121,8 +141,7 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for module in ARCH_MODULES:
-            importlib.import_module(module)
+        _load_builtins()
         from mars.plugins import load_plugins
 
         load_plugins()
@@ -185,8 +204,8 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         return value is None
     if annotation is bool:
         return isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if annotation is float:  # inf and nan are floats: the values' rules (finite, > 0) are check_values'
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
     if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, annotation)
@@ -229,8 +248,17 @@ def model_config(values: Any, where: str = "model") -> Any:
 
 def validate_model(config: Any) -> None:
     """The architecture's own value checks; ValueError "model.KEY=VALUE ...; fix" (one line)."""
-    config = model_config(config)
+    check_values(model_config(config))
+
+
+def check_values(config: Any) -> None:
+    """A config dataclass's values: its architecture's rules (spec.validate, e.g. model.rope_theta "must be
+    a finite number > 0"), then every float a finite number; ValueError "model.KEY=VALUE ..." (one line)."""
     spec_for(config).validate(config)
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"model.{f.name}={value!r} must be a finite number")
 
 
 def roles_by_name(model: Any, embeddings: tuple[str, ...], heads: tuple[str, ...] = ()) -> dict[str, str]:

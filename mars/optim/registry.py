@@ -69,11 +69,22 @@ def register(
     its keywords."""
     if grouping not in GROUPINGS:
         raise ValueError(f"register({name!r}): grouping={grouping!r} must be one of {GROUPINGS}")
-    if name in _REGISTRY and _REGISTRY[name].config is not config:
-        raise ValueError(f"an optimizer named {name!r} is already registered")
+    if name in _REGISTRY:  # a plugin cannot replace a built-in: refused unless the same module's again
+        from mars.plugins import refuse_takeover
+
+        known = {"config": _REGISTRY[name].config, "optimizer": _REGISTRY[name].optimizer}
+        refuse_takeover("optimizer", name, known, {"config": config, "optimizer": optimizer})
     field_names = [f.name for f in dataclasses.fields(config)]
     if not field_names or field_names[0] != "name":
         raise ValueError(f"register({name!r}): the config's first field must be `name`")
+    if not callable(getattr(config, "validate", None)):
+        from mars.plugins import RegistrationError, qualified_name
+
+        raise RegistrationError(
+            f"register({name!r}): {qualified_name(config)} has no validate() method; give it one that raises "
+            "ValueError naming the bad optimizer.KEY (subclass mars.optim.config.OptimizerConfig and list value_checks), "
+            "or `def validate(self): pass` to check nothing"
+        )
     keywords = inspect.signature(optimizer).parameters
     missing = [k for k in [*field_names[1:], *(fixed or {})] if k not in keywords and k not in trainer_keys]
     if missing:

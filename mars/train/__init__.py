@@ -9,4 +9,5 @@ trainer.py      the loop: accumulation, DDP, exact/approximate MARS, resume, pre
 cli.py          Hydra entry point: config checks, run dir, then the Trainer
 rundir.py       the run dir's rules: a new run, resume=auto / PATH, what is moved aside
 runlock.py      one run per run dir: an OS lock held for the run's lifetime
+outcome.py      RUN_DIR/outcome.json: how a run ended (completed, preempted, diverged), for launchers
 """

@@ -8,26 +8,31 @@ command-line errors, 1 for the rest) before any data is read or a process group 
   * value errors come from mars.train.config.validate;
   * before Hydra writes anything into the run dir, rank 0 takes the run dir's lock
     (mars.train.runlock: a second run there is refused) and refuses a new run in a run dir that
-    holds one (mars.train.rundir.claim);
+    holds one (mars.train.rundir.claim); a -m sweep does the same for its sweep dir and every job
+    dir (claim_sweep). The dirs are resolved as Hydra will resolve them (mars.train.hydra_dirs), so
+    this holds for a `${hydra:...}` run dir too;
   * a missing or unwritable dataset, a bad or mismatched checkpoint are checked on rank 0 before DDP
     starts.
 
 Under torchrun every rank composes the same config, but only rank 0 keeps Hydra's output dir:
 the other ranks are told not to write one, and receive rank 0's run dir once the process group
-is up, so all ranks share one run dir.
+is up, so all ranks share one run dir. A rank dies with its torchrun agent; when a collective fails
+because another rank is gone (or silent for train.dist_timeout_min), local rank 0 of each surviving
+node says so in one line, with the command that continues the run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mars.entry import (
     EXIT_FAILED,
@@ -42,7 +47,22 @@ from mars.entry import (
 )
 from mars.plugins import PluginError
 from mars.train.config import ConfigError, config_dir, register_configs, validate
-from mars.train.distributed import adopt_slurm_env, env_rank, env_world_size, launched_distributed
+from mars.train.distributed import (
+    adopt_slurm_env,
+    die_with_agent,
+    env_rank,
+    env_world_size,
+    launched_distributed,
+    peer_failure,
+)
+from mars.train.hydra_dirs import (
+    BASIC_LAUNCHER,
+    drop_hydra_node,
+    job_dir,
+    job_subdir,
+    launcher,
+    output_dir,
+)
 
 log = logging.getLogger("mars.train")
 
@@ -134,7 +154,9 @@ class Plan:
     multirun: bool
     cfg: DictConfig  # the first job's config
     cfgs: list[DictConfig] = field(default_factory=list)  # every job's (the first MAX_PRECHECKED_JOBS)
-    out_dir: Path | None = None  # hydra.run.dir (or hydra.sweep.dir with -m), resolved; None: unknown
+    out_dir: Path | None = None  # hydra.run.dir (or hydra.sweep.dir with -m), resolved (rank 0 only)
+    job_dirs: list[Path | None] = field(default_factory=list)  # -m: each job's run dir (None: unknown)
+    in_process: bool = False  # -m: the jobs run in this process (Hydra's basic launcher, no own GPUs)
 
 
 def precheck(argv: list[str]) -> Plan | None:
@@ -151,13 +173,16 @@ def precheck(argv: list[str]) -> Plan | None:
         if is_composition_error(e):
             raise ConfigError(one_line(e)) from None
         raise
-    cfgs = []
-    out_dir = None
+    cfgs, places = [], []  # places: the run dir (a run), each job's sweep subdir (-m); rank 0 only
+    rank0, name = env_rank() == 0, args.config_name or CONFIG_NAME
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="train"):
-        for i, combo in enumerate(combos[:MAX_PRECHECKED_JOBS]):
+        for num, combo in enumerate(combos[:MAX_PRECHECKED_JOBS]):
             where = f" (sweep job {' '.join(combo)})" if args.multirun else ""
             try:
-                cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=combo)
+                cfg = compose(config_name=name, overrides=combo, return_hydra_config=True)
+                if rank0:
+                    places.append(job_subdir(cfg, num) if args.multirun else output_dir(cfg, "hydra.run.dir"))
+                cfg = drop_hydra_node(cfg)
                 resolve_all(cfg)
                 validate(cfg, env_world_size())
                 check_launch(cfg, args.multirun, local=not any("submitit" in o for o in args.overrides))
@@ -170,14 +195,50 @@ def precheck(argv: list[str]) -> Plan | None:
                 message = optimizer_key_error(e) or model_key_error(e) or one_line(e)
                 raise ConfigError(f"{message}{where}") from None
             cfgs.append(cfg)
-            if i == 0 and env_rank() == 0:
-                out_dir = _output_dir(compose, args, combo)
-    return Plan(multirun=bool(args.multirun), cfg=cfgs[0], cfgs=cfgs, out_dir=out_dir)
+        plan = Plan(multirun=bool(args.multirun), cfg=cfgs[0], cfgs=cfgs)
+        if rank0:
+            _place(plan, name, args.overrides, places)
+    return plan
+
+
+def _place(plan: Plan, name: str, overrides: list[str], places: list) -> None:
+    """Where Hydra will write (plan.out_dir, and plan.job_dirs of a sweep), checked that it can be made."""
+    from mars.train.rundir import check_output_dir_writable
+
+    if not plan.multirun:
+        plan.out_dir = places[0]
+        check_output_dir_writable(str(plan.out_dir), "hydra.run.dir")
+        return
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    # the sweep dir is that of the sweep's own config, composed as Hydra composes it for -m
+    try:
+        master = GlobalHydra.instance().hydra.compose_config(
+            name, [*overrides, "hydra.mode=MULTIRUN"], run_mode=RunMode.MULTIRUN
+        )
+    except Exception as e:
+        if not is_composition_error(e):
+            raise
+        raise ConfigError(one_line(e)) from None
+    plan.out_dir = output_dir(master, "hydra.sweep.dir")
+    check_output_dir_writable(str(plan.out_dir), "hydra.sweep.dir")
+    plan.job_dirs = [job_dir(plan.out_dir, subdir) for subdir in places]
+    seen: dict[Path, int] = {}
+    for num, path in enumerate(plan.job_dirs):
+        if path is not None and seen.setdefault(path, num) != num:
+            raise ConfigError(
+                f"hydra.sweep.subdir: sweep jobs {seen[path]} and {num} would both write into {path}; make "
+                "the subdir tell the jobs apart (e.g. end it with ${hydra.job.num})"
+            )
+    plan.in_process = launcher(master) == BASIC_LAUNCHER and all(c.launch.gpus_per_job < 1 for c in plan.cfgs)
 
 
 def _check_resume_path(cfg) -> None:
-    """train.resume=PATH holds a model of the config's architecture and shape: refused before Hydra
-    makes a run dir (the other resume checks need the run dir: mars.train.rundir.choose_start)."""
+    """train.resume=PATH names a complete checkpoint (else CheckpointNotFoundError: what the command
+    names cannot be used) holding a model of the config's architecture and shape (else ConfigError),
+    checked before Hydra makes a run dir (the other resume checks need the run dir:
+    mars.train.rundir.choose_start)."""
     import mars.checkpoint as ckpt
 
     resume = cfg.train.resume
@@ -185,27 +246,14 @@ def _check_resume_path(cfg) -> None:
         return
     chosen = ckpt.resolve_checkpoint(Path(str(resume)).expanduser())
     if chosen is None:
-        return  # choose_start says what train.resume should name
+        raise ckpt.CheckpointNotFoundError(
+            f"train.resume={resume}: no complete checkpoint there; give a run dir, its ckpt/ folder or a "
+            "ckpt/step_XXXXXXXX folder (or train.resume=auto)"
+        )
     try:
         ckpt.check_model_shape(chosen, cfg.model)
     except ckpt.CheckpointError as e:
         raise ConfigError(str(e)) from None
-
-
-def _output_dir(compose, args, overrides: list[str]) -> Path | None:
-    """The directory Hydra is about to create (hydra.run.dir, or hydra.sweep.dir with -m): checked that
-    it can be made, and returned resolved (None when it uses an interpolation only Hydra can resolve)."""
-    from mars.train.rundir import check_output_dir_writable
-
-    cfg = compose(config_name=args.config_name or CONFIG_NAME, overrides=overrides, return_hydra_config=True)
-    key = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
-    node = cfg.hydra.sweep if args.multirun else cfg.hydra.run
-    check_output_dir_writable(str(node._get_node("dir")._value()), key)
-    try:
-        text = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
-    except Exception:  # noqa: BLE001 - e.g. ${hydra:...}, set by Hydra only once the job runs
-        return None
-    return Path(str(text)).expanduser().absolute() if text else None
 
 
 def _rank_local_overrides() -> list[str]:
@@ -235,6 +283,7 @@ def run(cfg: DictConfig) -> str:
     from mars.data import ensure_prepared
     from mars.train import runlock
     from mars.train.distributed import broadcast_object, cleanup, init_distributed
+    from mars.train.launch import pass_on
     from mars.train.rundir import choose_start, flush_notes
     from mars.train.trainer import Trainer
 
@@ -261,6 +310,7 @@ def run(cfg: DictConfig) -> str:
             need_group=cfg.train.parallel == "fsdp",
             timeout_min=cfg.train.dist_timeout_min,
         )
+        trainer = None
         try:
             run_dir, resume_from = broadcast_object((run_dir, resume_from))
             if resume_from is not None and step_of(resume_from) >= cfg.train.max_steps:
@@ -281,18 +331,45 @@ def run(cfg: DictConfig) -> str:
                     f"{cfg.model.block_size} tokens per step = {trainer.accum_steps} micro-steps of "
                     f"{cfg.train.batch_size} on each of {info.world_size} rank(s)"
                 )
-            return trainer.fit()
+            status = trainer.fit()
+            if status == "preempted":
+                pass_on(trainer.stop_signal)  # submitit's signal: it requeues the job now that it is saved
+            return status
+        except Exception as e:
+            lost = peer_failure(e) if info.distributed else None
+            if lost is None:
+                raise
+            raise LostRankError(_lost_rank_line(lost, trainer, run_dir, info.rank, info.world_size)) from None
         finally:
             cleanup()
+
+
+class LostRankError(RuntimeError):
+    """A collective failed because another rank (or its node) is gone or does not answer."""
+
+
+def _lost_rank_line(lost: str, trainer, run_dir: Path, rank: int, world_size: int) -> str:
+    """What a surviving rank says when another rank is gone, with the command that continues the run."""
+    from mars.checkpoint import CKPT_DIR, latest_checkpoint
+    from mars.train.rundir import resume_command
+
+    when = f" after step {trainer.state.step}" if trainer is not None else ""
+    newest = latest_checkpoint(run_dir / CKPT_DIR)
+    saved = f"its newest checkpoint is {newest.name}" if newest else "it has no checkpoint yet"
+    return (
+        f"rank {rank} lost contact with another rank{when} ({lost}): a rank or node of this run stopped "
+        f"(its own log says why) or the network failed; {saved}: continue with: "
+        f"{resume_command(run_dir, world_size)}"
+    )
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from mars.checkpoint import CheckpointError
     from mars.data.errors import DataError
-    from mars.train.runlock import RunDirBusyError
+    from mars.train.runlock import RunDirLockError
     from mars.train.trainer import TrainingDivergedError
 
-    return (ConfigError, DataError, CheckpointError, TrainingDivergedError, RunDirBusyError)
+    return (ConfigError, DataError, CheckpointError, TrainingDivergedError, RunDirLockError)
 
 
 def _interrupted_line() -> str:
@@ -312,24 +389,36 @@ def _interrupted_line() -> str:
     return f"{text}; the checkpoints in {run_dir} are intact: continue with {resume_command(run_dir)}"
 
 
+def _own_run_dir() -> Path | None:
+    """Rank 0's run dir (where it records the outcome); None on the other ranks."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir) if env_rank() == 0 else None
+
+
 def _task(cfg: DictConfig) -> None:
     from mars.train.launch import run_on_own_gpus, wants_own_gpus
+    from mars.train.outcome import recorded
 
     try:
         if wants_own_gpus(cfg):
             run_on_own_gpus(cfg)
             return
-        run(cfg)
+        with recorded(_own_run_dir()) as outcome:  # RUN_DIR/outcome.json (mars.train.outcome)
+            outcome.status = run(cfg)
     except _user_errors() as e:
         _fail(str(e), EXIT_FAILED)
+    except LostRankError as e:  # every surviving rank got here: one line per node
+        _fail(str(e), EXIT_FAILED, all_ranks=os.environ.get("LOCAL_RANK", "0") == "0")
     except KeyboardInterrupt:
         _fail(_interrupted_line(), EXIT_INTERRUPTED, all_ranks=False)
 
 
 def _claim(plan: Plan | None, stack: ExitStack) -> None:
     """On rank 0, before Hydra writes anything: check the dataset can be used (or prepared), hold the run
-    dir (or the sweep dir) and apply the run dir rules (mars.train.rundir.claim); add the resolved dir to
-    Hydra's overrides so that Hydra writes exactly where the lock is."""
+    dir (or the sweep dir and its job dirs) and apply the run dir rules (mars.train.rundir.claim,
+    claim_sweep); add the resolved dir to Hydra's overrides so that Hydra writes exactly where the lock
+    is."""
     from mars.data.prepare import check_ready
     from mars.train import runlock
     from mars.train.rundir import claim, claim_sweep
@@ -338,12 +427,10 @@ def _claim(plan: Plan | None, stack: ExitStack) -> None:
         return
     if not plan.multirun:
         check_ready(plan.cfg.data)  # a missing or unwritable dataset: before anything is written
-    if plan.out_dir is None:
-        return
     key = "hydra.sweep.dir" if plan.multirun else "hydra.run.dir"
     stack.enter_context(runlock.hold(plan.out_dir, key))
     if plan.multirun:
-        claim_sweep(plan.cfgs, plan.out_dir)
+        claim_sweep(plan.cfgs, plan.out_dir, plan.job_dirs, keep=stack if plan.in_process else None)
     else:
         claim(plan.cfg, plan.out_dir)
     sys.argv.append(f"{key}={hydra_value(str(plan.out_dir))}")
@@ -359,6 +446,7 @@ def main() -> None:
         except PluginError as e:
             _fail(str(e), EXIT_USAGE)
         adopt_slurm_env()  # `srun python train.py`: know this task's rank before choosing who writes
+        die_with_agent()  # under torchrun: a rank does not outlive its agent
         if not Path(config_dir(), f"{CONFIG_NAME}.yaml").is_file():
             _fail(
                 f"no {CONFIG_NAME}.yaml in {config_dir()}: run from a source checkout (pip install -e .) "
@@ -369,6 +457,8 @@ def main() -> None:
             plan = precheck(sys.argv[1:])
         except ConfigError as e:
             _fail(str(e), EXIT_USAGE, all_ranks=False)
+        except _user_errors() as e:  # train.resume=PATH without a checkpoint: before any run dir exists
+            _fail(str(e), EXIT_FAILED, all_ranks=False)
         if launched_distributed() and env_rank() != 0:
             sys.argv.extend(_rank_local_overrides())
         with ExitStack() as stack:

@@ -15,7 +15,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from mars.checks import above, at_least, choice, fraction, get, reported_as
+from mars.checks import above, at_least, at_most, choice, fraction, get, reported_as
 from mars.data.config import DataConfig
 
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
@@ -62,7 +62,8 @@ class TrainConfig:
     max_nonfinite_steps: int = 5  # stop after this many skipped (non-finite) steps in a row
     # divergence alarms (mars/train/health.py): a checkpoint within health_window steps after an alarm
     # is marked unhealthy, and rotation keeps the newest healthy one
-    spike_factor: float = 10.0  # grad norm above this x the recent median raises an alarm (0: off)
+    spike_factor: float = 10.0  # grad norm above this x the recent median is a spike; a lone one is no
+    # alarm, 3 steps in a row are (0: off)
     spike_loss: float = 1.0  # logged train loss this many nats above its best raises an alarm (0: off)
     health_window: int = 20
     backend: str | None = None  # process-group backend (None: nccl on CUDA, gloo on CPU)
@@ -153,14 +154,37 @@ def register_configs() -> None:
     configs = Path(config_dir())
     presets = "\n".join(f.read_text(encoding="utf-8") for f in sorted(configs.glob("model/*.yaml")))
     for name in optimizer_names():
-        store.store(group=SCHEMA_GROUP, name=name, node=registered(name).config)
+        schema = _schema("optimizer", name, registered(name).config)
+        store.store(group=SCHEMA_GROUP, name=name, node=schema)
         if not (configs / "optimizer" / f"{name}.yaml").is_file():
-            store.store(group="optimizer", name=name, node=registered(name).config)
+            store.store(group="optimizer", name=name, node=schema)
     for name in arch_names():
-        store.store(group=MODEL_SCHEMA_GROUP, name=name, node=arch(name).config)
+        schema = _schema("model", name, arch(name).config)
+        store.store(group=MODEL_SCHEMA_GROUP, name=name, node=schema)
         if f"{MODEL_SCHEMA_GROUP}/{name}@" not in presets:
-            store.store(group="model", name=name, node=arch(name).config)
+            store.store(group="model", name=name, node=schema)
     store_config_options(configs)
+
+
+def _schema(group: str, name: str, config: type) -> type:
+    """A registered config dataclass, checked to be one a Hydra config can hold (a plugin's field may
+    have any type): PluginError naming the field and the fix otherwise."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from mars.plugins import PluginError
+
+    try:
+        OmegaConf.structured(config)
+    except OmegaConfBaseException as e:
+        key = f"{group}.{e.full_key}" if getattr(e, "full_key", None) else group
+        problem = str(getattr(e, "msg", None) or e).splitlines()[0]
+        raise PluginError(
+            f"{group}={name}: {key} of {config.__module__}.{config.__qualname__} cannot be a config field "
+            f"({problem}): give it a type a Hydra config holds (int, float, bool, str, an Enum, a dataclass, "
+            "a list or dict of those, or Optional of one) and convert it where the value is used"
+        ) from None
+    return config
 
 
 # keys whose value must be a number at least this large, and keys with a fixed set of values
@@ -182,6 +206,10 @@ _MINIMUMS = {
     "downstream.interval": 0,
     "launch.gpus_per_job": 0,
 }
+# the longest train.dist_timeout_min: a year (torch.distributed counts a timeout in a 64-bit integer of
+# small units, which inf or a few centuries overflow on every rank)
+MAX_DIST_TIMEOUT_MIN = 525_600
+_LONGEST_WAIT = " (minutes, at most a year)"
 _CHOICES = {
     "schedule.name": SCHEDULES,
     "train.grad_reduction": GRAD_REDUCTIONS,
@@ -206,6 +234,7 @@ def _validate(cfg: Any, world_size: int) -> None:
     for key, minimum in _MINIMUMS.items():
         at_least(key, get(cfg, key), minimum)
     above("train.dist_timeout_min", get(cfg, "train.dist_timeout_min"), 0, " (minutes)")
+    at_most("train.dist_timeout_min", get(cfg, "train.dist_timeout_min"), MAX_DIST_TIMEOUT_MIN, _LONGEST_WAIT)
     if get(cfg, "train.cpu_threads") is not None:
         at_least("train.cpu_threads", get(cfg, "train.cpu_threads"), 1)
     for key, allowed in _CHOICES.items():
@@ -241,7 +270,7 @@ def _validate(cfg: Any, world_size: int) -> None:
     _check_data(cfg)
     _check_tokenizer(cfg)
     _check_optimizer(cfg)
-    _check_device(str(get(cfg, "train.device")))
+    check_device(str(get(cfg, "train.device")))
     _check_parallel(cfg, world_size)
     if get(cfg, "downstream.interval") > 0 and not get(cfg, "downstream.tasks"):
         raise ConfigError(
@@ -306,22 +335,21 @@ def _check_data(cfg: Any) -> None:
         )
 
 
-def _check_device(device: str) -> None:
-    """train.device names a device this machine has (checked before a run dir or process group exists)."""
+def check_device(device: str, key: str = "train.device") -> None:
+    """`key` (train.device; eval's device) names a device this machine has: checked before a run dir or
+    process group exists, or a model is loaded."""
     if device in ("auto", "cpu"):
         return
     if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
-        raise ConfigError(f"train.device={device!r} is not one of auto, cpu, cuda, cuda:N")
+        raise ConfigError(f"{key}={device!r} is not one of auto, cpu, cuda, cuda:N")
     import torch
 
     if not torch.cuda.is_available():
         reason = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-        raise ConfigError(f"train.device={device}: {reason}; use train.device=cpu (or auto)")
+        raise ConfigError(f"{key}={device}: {reason}; use {key}=cpu (or auto)")
     index = int(device[5:]) if ":" in device else 0
     if index >= torch.cuda.device_count():
-        raise ConfigError(
-            f"train.device={device}: only {torch.cuda.device_count()} CUDA device(s) are visible"
-        )
+        raise ConfigError(f"{key}={device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
 def _check_parallel(cfg: Any, world_size: int) -> None:

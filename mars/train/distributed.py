@@ -3,12 +3,18 @@
 One process (plain `python train.py`) or DDP under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set
 by the launcher; nccl on CUDA, gloo on CPU). Every helper is a no-op in a single process.
 `run_local_ranks` starts ranks on this machine without torchrun (the benchmarks, the tests).
+Under torchrun: `die_with_agent` (a rank does not outlive its agent), `peer_failure` (a collective
+that failed because another rank is gone) and `agent_options` (how the agent was started, for the
+command that continues a run on several nodes).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import re
+import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -82,6 +88,69 @@ def adopt_slurm_env() -> None:
             "MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000)
         ),
     )
+
+
+def die_with_agent() -> None:
+    """Under torchrun, make this rank die with its agent (Linux). torchrun starts each rank in a
+    session of its own and stops it only when the agent itself gets to act (a signal it handles, a
+    failed rank): an agent killed outright (SIGKILL, the OOM killer) would leave its ranks training
+    with nobody to report their status, and the other nodes' agents waiting for it. The rank gets
+    SIGKILL, as it would with its node: the other ranks' next collective fails, they stop with one
+    line (mars.train.cli) and the run resumes from its last checkpoint. A no-op elsewhere."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the rank behaves as torchrun made it
+        pass
+
+
+_BACKEND_SOURCE = re.compile(r"^\[[^\]]*\]\s*")  # "[.../gloo/transport/tcp/pair.cc:553] "
+
+
+def peer_failure(e: BaseException) -> str | None:
+    """The backend's own words when `e` is a collective (or the store) failing because another rank
+    is gone or does not answer: gloo's "Connection closed by peer ...", a timeout after
+    train.dist_timeout_min, NCCL's errors. None for any other exception."""
+    text = str(e)
+    if not (isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in text)):
+        return None
+    first = _BACKEND_SOURCE.sub("", text.strip().splitlines()[0] if text.strip() else type(e).__name__)
+    return first.split(". ")[0].rstrip(".")
+
+
+def agent_options() -> list[str] | None:
+    """The torchrun options this rank's agent was started with (`--nnodes=2 --rdzv_backend=c10d ...`,
+    as typed, up to the training script) followed by the script (or `-m` module), read from the
+    agent's command line (Linux /proc). None when not under torchrun or when it cannot be read."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return None
+    argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+    start = None
+    for i, arg in enumerate(argv[:3]):
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in ("torch.distributed.run", "torchrun"):
+            start = i + 2
+            break
+        if os.path.basename(arg) == "torchrun":
+            start = i + 1
+            break
+    if start is None:
+        return None
+    rest = argv[start:]
+    from torch.distributed.run import get_args_parser
+
+    try:
+        parsed = get_args_parser().parse_args(rest)
+    except SystemExit:  # argparse's own exit on a command line it cannot read
+        return None
+    return rest[: len(rest) - len(parsed.training_script_args)]
 
 
 def launched_distributed() -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,6 +87,28 @@ def job_command(per_job: int, overrides: list[str], run_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def preemption_signals() -> list[signal.Signals]:
+    """The signal a cluster launcher sends before it ends a job, besides SIGTERM: under submitit
+    (hydra/launcher=submitit_slurm or submitit_local) SIGUSR2 (or $SUBMITIT_PREEMPT_SIGNAL), which it
+    asks SLURM to send `signal_delay_s` seconds before the time limit, and on which its own handler
+    requeues the job. The trainer stops on it as on SIGTERM (the step finishes, a checkpoint is saved),
+    then `pass_on` hands it to that handler."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return []
+    sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    return [sig] if isinstance(sig, signal.Signals) else []
+
+
+def pass_on(signum: int | None) -> None:
+    """After a run stopped (and saved) on a cluster launcher's signal: call the handler the launcher
+    installed for it (submitit: requeue the job with the same arguments, and exit on rank 0)."""
+    if signum not in preemption_signals():
+        return
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        handler(signum, None)
+
+
 def wants_own_gpus(cfg) -> bool:
     """True in a sweep job (-m) with launch.gpus_per_job >= 1 that is not itself a launched rank."""
     from hydra.core.hydra_config import HydraConfig
@@ -110,9 +133,22 @@ def run_on_own_gpus(cfg) -> None:
     with claim_slot(Path(hc.sweep.dir) / SLOTS_DIR, slots) as gpus:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
         log.info(f"job {hc.job.num}: GPUs {','.join(gpus)} -> {run_dir}")
-        proc = subprocess.run(job_command(per_job, overrides, run_dir), env=env)
-    if proc.returncode != 0:
+        returncode = run_job(job_command(per_job, overrides, run_dir), env)
+    if returncode != 0:
         raise RuntimeError(
-            f"sweep job {hc.job.num} ({' '.join(overrides)}) failed with exit status {proc.returncode}; "
+            f"sweep job {hc.job.num} ({' '.join(overrides)}) failed with exit status {returncode}; "
             f"see {run_dir}"
         )
+
+
+def run_job(command: list[str], env: dict) -> int:
+    """Run a job's command to its end; its exit status. A Ctrl-C reaches the job too (one process group):
+    the job finishes its step and saves (torchrun passes the signal on to its ranks and waits for them),
+    so it is waited for before the interrupt goes on. (subprocess.run would kill it after 0.25 s,
+    mid-save; and a torchrun's ranks die with it.)"""
+    proc = subprocess.Popen(command, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.wait()  # a second Ctrl-C stops the job at once, and this wait with it
+        raise

@@ -14,14 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from mars.files import write_atomic
-from mars.metrics_jsonl import METRICS_FILE, encode_line, jsonable, read_metrics
+from mars.metrics_jsonl import (
+    METRICS_FILE,
+    corrupt_line_message,
+    encode_line,
+    jsonable,
+    metrics_lines,
+    read_metrics,
+)
 
 __all__ = [
     "METRICS_FILE",
     "Metrics",
     "MetricsFile",
     "Progress",
+    "TRAINER_FAMILIES",
+    "TRAINER_KEYS",
     "WandbLogger",
+    "check_metrics",
     "logged_metrics",
     "read_metrics",
     "register_metric",
@@ -30,8 +40,34 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# Every key the trainer writes into metrics.jsonl itself (mars.train.trainer), in one place. A registered
+# metric can take none of them (register_metric), and Metrics.log refuses a line holding a key that is
+# neither one of these nor a registered metric's, so the list cannot fall behind the trainer.
+TRAINER_KEYS = (
+    "step",  # every line: the step and the tokens so far
+    "tokens",
+    "train/loss",  # training lines
+    "lr",
+    "grad_norm",
+    "train/clip_rate",
+    "train/nonfinite_steps",
+    "time",
+    "ms_per_step",
+    "tokens_per_s",
+    "gamma",  # with a gamma schedule (MARS)
+    "mfu",  # on a GPU, or with $MARS_PEAK_FLOPS
+    "val/loss",  # evaluation lines (with "time")
+)
+# key families: in-loop downstream scores downstream/TASK/METRIC, the MARS diagnostics (mars.optim)
+TRAINER_FAMILIES = ("downstream/", "mars/")
+
 # name -> fn(model, optimizer): the metrics a researcher adds to every training log line
 _REGISTERED: dict[str, Callable[[Any, Any], Any]] = {}
+
+
+def is_trainer_key(key: str) -> bool:
+    """Whether the trainer writes `key` itself (TRAINER_KEYS, TRAINER_FAMILIES)."""
+    return key in TRAINER_KEYS or key.startswith(TRAINER_FAMILIES)
 
 
 def register_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
@@ -39,26 +75,130 @@ def register_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
     dict it returns is logged as ``name/KEY`` per entry. ``model`` is the bare model (no DDP / compile
     wrapper; FSDP2 parameters are DTensors), ``optimizer`` the run's optimizer, both after the step of
     the log line. It runs on every rank at log steps (so it may use collectives), and rank 0's values
-    are written; each value is read to the host there, so keep it cheap. Report, plots and the sweep
-    summary then take the key with --metric (its direction: mars.analysis.metric). Registering a name
-    again replaces the function."""
-    if not name or name != name.strip() or name.startswith("/") or name.endswith("/"):
+    are written; each value is read to the host there, so keep it cheap. It also runs once before the
+    first step, where the optimizer may hold no state yet, so that a value that is not a number stops
+    the run before it trains (check_metrics). Report, plots and the sweep summary then take the key with
+    --metric (its direction: mars.analysis.metric).
+
+    A name is registered once: a key the trainer writes itself (TRAINER_KEYS: train/loss, lr, ...) or
+    another function under a registered name is refused in one line (mars.plugins.RegistrationError);
+    the same function again (its module imported a second time) changes nothing."""
+    from mars.plugins import RegistrationError, qualified_name, refuse_takeover
+
+    if (
+        not isinstance(name, str)
+        or not name
+        or name != name.strip()
+        or name.startswith("/")
+        or name.endswith("/")
+    ):
         raise ValueError(f"register_metric: {name!r} is not a metrics.jsonl key (e.g. 'weights/norm')")
+    if not callable(fn):
+        raise TypeError(
+            f"register_metric({name!r}, ...): expected a function fn(model, optimizer), got {fn!r}"
+        )
+    if name in TRAINER_KEYS or (name + "/").startswith(TRAINER_FAMILIES):
+        module = getattr(fn, "__module__", None) or "?"
+        raise RegistrationError(
+            f"register_metric({name!r}): mars.train.trainer writes {name!r} itself (its keys: "
+            f"{', '.join(TRAINER_KEYS)}, {', '.join(f + '*' for f in TRAINER_FAMILIES)}), so "
+            f"{qualified_name(fn)} from {module} would overwrite it in metrics.jsonl: name the metric "
+            f"something else, e.g. {module.rsplit('.', 1)[-1] + '/' + name.replace('/', '_')!r}"
+        )
+    if name in _REGISTERED:
+        refuse_takeover("metric", name, {"fn": _REGISTERED[name]}, {"fn": fn})
     _REGISTERED[name] = fn
 
 
+def _number(value: Any) -> float | None:
+    """A metric's value as a float: an int or float, or a one-element tensor / numpy scalar; None for
+    anything else (text, None, a bool, a tensor of several elements)."""
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return f"a {type(value).__name__} of shape {tuple(shape)}"
+    text = repr(value)
+    return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(value).__name__})"
+
+
+def _read(name: str, fn: Callable[[Any, Any], Any], value: Any, out: dict[str, float]) -> None:
+    """Add a metric's value(s) to `out` as floats; ConfigError naming the metric for a value that is not
+    a number, or a key the trainer (or another metric) writes."""
+    from mars.plugins import qualified_name
+    from mars.train.config import ConfigError
+
+    items = value.items() if isinstance(value, dict) else [(None, value)]
+    for key, v in items:
+        full = name if key is None else f"{name}/{key}"
+        number = _number(v)
+        what = f"metric {full!r} (register_metric({name!r}, {qualified_name(fn)}))"
+        if number is None:
+            raise ConfigError(
+                f"{what} returned {_describe(v)}: its function must return a number, a one-element "
+                "tensor, or a dict of them (logged as NAME/KEY)"
+            )
+        if is_trainer_key(full) or full in out:
+            whose = "the trainer" if is_trainer_key(full) else "another registered metric"
+            raise ConfigError(
+                f"{what} writes {full!r}, which {whose} writes too: rename the metric or the key"
+            )
+        out[full] = number
+
+
 def logged_metrics(model, optimizer) -> dict[str, float]:
-    """The registered metrics' values now, as floats, in registration order (computed without autograd)."""
+    """The registered metrics' values now, as floats, in registration order (computed without autograd).
+    ConfigError naming the metric when one fails or returns something that is not a number."""
+    import torch
+
+    from mars.plugins import qualified_name
+    from mars.train.config import ConfigError
+
+    out: dict[str, float] = {}
+    for name, fn in _REGISTERED.items():
+        try:
+            with torch.no_grad():
+                value = fn(model, optimizer)
+        except Exception as e:  # noqa: BLE001 - a plugin's failure is one line naming it
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+            raise ConfigError(
+                f"metric {name!r} (register_metric({name!r}, {qualified_name(fn)})) failed: {reason}"
+            ) from e
+        _read(name, fn, value, out)
+    return out
+
+
+def check_metrics(model, optimizer) -> None:
+    """Before the first step: every registered metric once, its values checked as at a log line
+    (ConfigError naming the metric). One that raises is left to the first log line: before the first
+    step the optimizer may hold no state yet."""
     import torch
 
     out: dict[str, float] = {}
     for name, fn in _REGISTERED.items():
-        with torch.no_grad():
-            value = fn(model, optimizer)
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for key, v in items:
-            out[name if key is None else f"{name}/{key}"] = float(v.item() if hasattr(v, "item") else v)
-    return out
+        try:
+            with torch.no_grad():
+                value = fn(model, optimizer)
+        except Exception:  # noqa: BLE001, S112 - checked again, and reported, at the first log line
+            continue
+        _read(name, fn, value, out)
+
+
+def _check_keys(record: dict) -> None:
+    """Every key of a line is the trainer's (TRAINER_KEYS) or a registered metric's: a key the trainer
+    wrote without declaring it would escape register_metric's check."""
+    for key in record:
+        if not is_trainer_key(key) and not any(key == n or key.startswith(n + "/") for n in _REGISTERED):
+            raise RuntimeError(
+                f"metrics.jsonl key {key!r} is neither in mars.train.metrics.TRAINER_KEYS nor a registered "
+                "metric's: add it to TRAINER_KEYS (or TRAINER_FAMILIES) with the code that logs it"
+            )
 
 
 class MetricsFile:
@@ -69,11 +209,27 @@ class MetricsFile:
         self._f = None
 
     def truncate_after(self, step: int) -> None:
-        """On resume: drop lines logged after the checkpoint we continue from (they will be redone)."""
+        """On resume: drop lines logged after the checkpoint we continue from (they will be redone), and a
+        last line torn by a kill. A damaged line among the kept ones stays as it is, with a warning (a
+        resume never fails for it); one among the dropped ones goes with them, said as well."""
         if not self.path.exists():
             return
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]  # a torn last line goes too
-        write_atomic(self.path, "".join(encode_line(r) for r in kept))  # a crash here keeps the old file
+        lines = metrics_lines(self.path)
+        later = [i for i, (_, _, r) in enumerate(lines) if r is not None and r.get("step", 0) > step]
+        tail = min(later, default=len(lines))  # lines are in step order: from here on, all are redone
+        kept = []
+        for i, (number, text, record) in enumerate(lines):
+            if record is None:
+                where = (
+                    "kept as it is; repair or delete it (the analysis tools refuse the file until then)"
+                    if i < tail
+                    else f"dropped with the lines after step {step}, which this run logs again"
+                )
+                log.warning(f"{corrupt_line_message(self.path, number, text)}: {where}")
+            if i < tail if record is None else record.get("step", 0) <= step:
+                kept.append(text + "\n")
+        data = "".join(kept).encode("utf-8", errors="surrogateescape")
+        write_atomic(self.path, data)  # a crash here keeps the old file
 
     def write(self, record: dict) -> None:
         if self._f is None:
@@ -187,6 +343,7 @@ class Metrics:
         self.wandb = WandbLogger(wandb_cfg, run_dir, config, run_id=wandb_run_id)
 
     def log(self, record: dict) -> None:
+        _check_keys(record)
         self.file.write(record)
         self.wandb.log(record)
 

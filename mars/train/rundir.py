@@ -7,12 +7,17 @@ Rules (checked on rank 0 before any data is read or a process group exists):
     metrics.jsonl): resume it, or choose another hydra.run.dir; train.overwrite=true moves the old run
     (with its .hydra/ and train.log) aside into RUN_DIR/replaced-<time>/ instead (nothing is deleted,
     nothing is mixed). Both happen before Hydra writes into the run dir (`claim`; for the job dirs of
-    a -m sweep, `claim_sweep`);
+    a -m sweep, `claim_sweep`, which first takes the lock of every job dir: a live run in one refuses
+    the sweep before anything of any job is moved);
   * train.resume=auto continues the newest usable, healthy checkpoint of the run dir: a newer one that
     fails verification (truncated, corrupt, a checksum mismatch, non-finite weights) or that meta.json
-    marks unhealthy (saved just after a divergence alarm) is moved aside, and the log says which one it
-    continues; with no checkpoint at all the run starts fresh (a metrics.jsonl of a run that never
-    reached a checkpoint is moved aside); when every checkpoint is unhealthy it refuses and names them;
+    marks unhealthy (saved within train.health_window steps of a divergence alarm) is moved aside, and
+    the log says which one it continues. A preempted run always continues: when the newest usable
+    checkpoint is the one saved at a SIGTERM / Ctrl-C (meta.json "preempted"), it is continued even if
+    unhealthy, since the signal stopped the run, not its divergence (a divergence stop withdraws that).
+    With no checkpoint at all the run starts fresh (a metrics.jsonl of a run that never reached a
+    checkpoint is moved aside); with checkpoints but none usable and healthy (every one damaged or
+    unhealthy) it refuses, naming each one and why, and nothing is moved;
   * train.resume=PATH continues exactly that checkpoint (no fallback); checkpoints of this run dir
     newer than it are moved aside, so that later saves and resume=auto never mix the two histories;
   * a checkpoint beyond train.max_steps is refused; one at train.max_steps has nothing left to train;
@@ -27,11 +32,13 @@ import os
 import shlex
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import mars.checkpoint as ckpt
 from mars.entry import hydra_value
 from mars.files import nearest_existing, try_create_dir_in
+from mars.train import runlock
 from mars.train.config import ConfigError
 from mars.train.metrics import METRICS_FILE
 from mars.train.resume import check_resume_config
@@ -104,27 +111,62 @@ def claim(cfg, run_dir: Path) -> None:
     t = cfg.train
     if t.resume not in NO_RESUME or not _refuse_or_overwrite(run_dir, t.overwrite):
         return
+    _move_run_aside(run_dir)
+
+
+def _move_run_aside(run_dir: Path) -> None:
     dest = ckpt.move_aside(run_dir, [run_dir / a for a in (*ARTIFACTS, *HYDRA_FILES)])
     if dest is not None:
         _notes.append(f"train.overwrite=true: moved the earlier run to {dest}")
 
 
-def claim_sweep(cfgs: list, sweep_dir: Path) -> None:
-    """`claim` for a -m sweep, before Hydra writes its job dirs: job dirs of an earlier sweep that hold
-    runs are refused when a job would start fresh there, or moved aside when every job overwrites."""
-    runs = [d for d in sorted(sweep_dir.iterdir()) if d.is_dir() and holds_a_run(d)]
+def claim_sweep(
+    cfgs: list, sweep_dir: Path, job_dirs: list[Path | None], keep: ExitStack | None = None
+) -> None:
+    """`claim` for a -m sweep (its sweep dir held), before Hydra writes a job dir: `cfgs` and `job_dirs`
+    are the jobs' configs and run dirs (None: known only once the job runs). Earlier runs in the sweep
+    dir (in a job dir of this sweep, or in a sub dir of an earlier sweep) are refused when a job starts
+    fresh, unless a job of this sweep resumes the run; with train.overwrite=true they are moved aside.
+    Before anything is moved, the lock of every job dir that exists and of every run to move is taken:
+    a live run in any of them refuses the whole sweep, and nothing of any job is moved. `keep`: the
+    jobs run in this process, which holds those locks (and the other job dirs') until `keep` closes;
+    otherwise they are released here and each job takes its own."""
+    sweep_dir = sweep_dir.resolve()
+    jobs = {d.resolve(): c for c, d in zip(cfgs, job_dirs, strict=True) if d is not None}  # dir -> config
+    resumed = {d for d, c in jobs.items() if c.train.resume not in NO_RESUME}
+    earlier = {d.resolve() for d in sweep_dir.iterdir() if d.is_dir() and holds_a_run(d)}
+    earlier |= {d for d in jobs if d not in resumed and d.is_dir() and holds_a_run(d)}
     fresh = [c for c in cfgs if c.train.resume in NO_RESUME]
-    if not runs or not fresh:
-        return  # nothing there yet, or every job resumes its own run dir
-    if any(not c.train.overwrite for c in fresh):
-        names = ", ".join(f"{d.name}/" for d in runs[:5]) + (" ..." if len(runs) > 5 else "")
+    in_the_way = sorted(earlier - resumed) if fresh else []
+    if in_the_way and any(not c.train.overwrite for c in fresh):
+        names = ", ".join(f"{_relative(d, sweep_dir)}/" for d in in_the_way[:5])
         raise ConfigError(
-            f"hydra.sweep.dir={sweep_dir} already holds runs ({names}): continue the sweep with "
-            "train.resume=auto, or choose another hydra.sweep.dir (train.overwrite=true moves each old run "
-            "aside)"
+            f"hydra.sweep.dir={sweep_dir} already holds runs ({names}{' ...' if len(in_the_way) > 5 else ''}"
+            "): continue the sweep with train.resume=auto, or choose another hydra.sweep.dir "
+            "(train.overwrite=true moves each old run aside)"
         )
-    for run_dir in runs:
-        claim(fresh[0], run_dir)
+    with ExitStack() as held:
+        for run_dir in sorted({*in_the_way, *(d for d in jobs if d.is_dir())}):
+            try:
+                held.enter_context(runlock.hold(run_dir, "hydra.sweep.subdir"))
+            except runlock.RunDirBusyError as e:
+                raise runlock.RunDirBusyError(
+                    f"hydra.sweep.dir={sweep_dir}: its job dir {_relative(run_dir, sweep_dir)}/ is in use by "
+                    f"a live run ({e.holder}); nothing was moved or written: wait for that run to end, or "
+                    "choose another hydra.sweep.dir",
+                    e.holder,
+                ) from None
+        if keep is not None:  # the job dirs not made yet too: from now on nobody else can start one
+            for run_dir in jobs:
+                held.enter_context(runlock.hold(run_dir, "hydra.sweep.subdir"))
+        for run_dir in in_the_way:  # every check has passed
+            _move_run_aside(run_dir)
+        if keep is not None:
+            keep.enter_context(held.pop_all())
+
+
+def _relative(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def _fresh_start(run_dir: Path, overwrite: bool) -> None:
@@ -149,16 +191,18 @@ def _newer_than(run_dir: Path, step_dir: Path) -> list[Path]:
 
 
 def _auto(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]], list[Path]]:
-    """resume=auto's choice: (newest usable healthy checkpoint, unusable ones with the reason, unhealthy
-    ones), looking from the newest down. Nothing is moved here."""
+    """resume=auto's choice: (newest usable healthy checkpoint, or the newest usable one when a signal
+    stopped the run there; unusable ones with the reason; unhealthy ones), looking from the newest down.
+    Nothing is moved here."""
     chosen, rejected, unhealthy = None, [], []
     for step_dir in reversed(ckpt.list_checkpoints(run_dir / ckpt.CKPT_DIR)):
         try:
-            healthy = bool(ckpt.read_meta(step_dir).get("healthy", True))
+            meta = ckpt.read_meta(step_dir)
         except ckpt.CheckpointError as e:
             rejected.append((step_dir, str(e)))
             continue
-        if not healthy:
+        preempted_here = bool(meta.get("preempted")) and not unhealthy  # no later unhealthy one
+        if not meta.get("healthy", True) and not preempted_here:
             unhealthy.append(step_dir)
             continue
         reason = _usable(step_dir)
@@ -181,24 +225,16 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
     skipped: list[str] = []  # log lines of resume=auto, said once every check has passed
     if resume == "auto":
         chosen, rejected, unhealthy = _auto(run_dir)
-        if chosen is None and unhealthy:
-            names = ", ".join(p.name for p in unhealthy)
-            raise ckpt.CheckpointError(
-                f"train.resume=auto: every usable checkpoint in {here} is marked unhealthy (saved within "
-                f"train.health_window steps of a divergence alarm: {names}); continue one anyway with "
-                f"train.resume={unhealthy[0]}, or start again with train.overwrite=true"
-            )
+        if chosen is None and (rejected or unhealthy):
+            raise ckpt.CheckpointError(_nothing_to_continue(here, rejected, unhealthy))
         skipped = [f"train.resume=auto: skipping {p}: {reason}" for p, reason in rejected] + [
             f"train.resume=auto: skipping {p}: marked unhealthy in its meta.json (saved within "
             "train.health_window steps of a divergence alarm)"
             for p in unhealthy
         ]
         if chosen is None:
-            for line in skipped:
-                log.warning(line)
-            note = "no usable checkpoint" if rejected else "no checkpoint"
             log.info(
-                f"train.resume=auto: {note} in {run_dir / ckpt.CKPT_DIR}, starting from scratch "
+                f"train.resume=auto: no checkpoint in {run_dir / ckpt.CKPT_DIR}, starting from scratch "
                 "(to continue an earlier run, also pass hydra.run.dir=THAT_RUN_DIR)"
             )
             _move_aside(run_dir, [run_dir / a for a in ARTIFACTS], "starting from scratch")
@@ -233,11 +269,42 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
         _fresh_start(run_dir, t.overwrite)
     if resume == "auto":
         log.info(f"train.resume=auto: continuing from {chosen} (step {meta['step']})")
+        if not meta.get("healthy", True):
+            log.warning(
+                f"{chosen} is marked unhealthy (saved within train.health_window steps of a divergence "
+                "alarm), and continued because the run was stopped there by a signal, not by divergence; "
+                "the divergence checks go on (to go back to an earlier checkpoint instead: "
+                "train.resume=PATH, with a lower optimizer.lr)"
+            )
     elif not meta.get("healthy", True):
         log.warning(
             f"{chosen} is marked unhealthy (saved just after a divergence alarm); continuing it as asked"
         )
     return chosen
+
+
+def _nothing_to_continue(here: Path, rejected: list[tuple[Path, str]], unhealthy: list[Path]) -> str:
+    """resume=auto's refusal when checkpoints exist but none can be continued: each one and why, and the
+    fixes. Starting over is never automatic: it would move the run's checkpoints aside."""
+    if not rejected:
+        names = ", ".join(p.name for p in unhealthy)
+        return (
+            f"train.resume=auto: every usable checkpoint in {here} is marked unhealthy (saved within "
+            f"train.health_window steps of a divergence alarm, and the run was not stopped there by a "
+            f"signal: {names}); continue one anyway with train.resume={unhealthy[0]} (with a lower "
+            "optimizer.lr), or start the run again: without train.resume, with train.overwrite=true (which "
+            "moves this run aside)"
+        )
+    found = [reason for _, reason in rejected] + [  # each reason names its file
+        f"{p.name}: marked unhealthy (saved within train.health_window steps of a divergence alarm)"
+        for p in unhealthy
+    ]
+    anyway = f"continue an unhealthy one anyway with train.resume={unhealthy[0]}, " if unhealthy else ""
+    return (
+        f"train.resume=auto: no checkpoint in {here} can be continued ({'; '.join(found)}); put back a good "
+        f"copy of one (e.g. from a backup), {anyway}or start the run again: without train.resume, with "
+        "train.overwrite=true (which moves this run aside)"
+    )
 
 
 def check_output_dir_writable(path_text: str, key: str) -> None:
@@ -282,12 +349,18 @@ def _launcher(world_size: int) -> list[str]:
     module = name == "__main__.py" and Path(argv0).parent.name == "train"
     if module:
         target = ["-m", "mars.train"]
-    elif name.endswith(".py") and name != "__main__.py":
-        target = [argv0]
+    elif name.endswith(".py") and name != "__main__.py" and "SUBMITIT_EXECUTOR" not in os.environ:
+        target = [argv0]  # (a submitit job runs submitit's own script: then train.py below)
     else:
         target = ["train.py"]
     if world_size > 1:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if local != world_size:  # several nodes: the agent's own rendezvous options, as typed on this node
+            from mars.train.distributed import agent_options
+
+            typed = agent_options()
+            if typed:
+                return ["torchrun", *typed]
         nodes = [f"--nnodes={world_size // local}"] if local != world_size else []
         return ["torchrun", *nodes, f"--nproc_per_node={local}", *target]
     if name == "mars-train":

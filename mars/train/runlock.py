@@ -26,8 +26,16 @@ LOCK_FILE = ".run.lock"
 _held: dict[Path, int] = {}  # run dirs this process holds -> the lock file's descriptor
 
 
-class RunDirBusyError(RuntimeError):
-    """Another live process holds the run dir."""
+class RunDirLockError(RuntimeError):
+    """The run dir cannot be held: another live process holds it, or its lock file cannot be opened."""
+
+
+class RunDirBusyError(RunDirLockError):
+    """Another live process holds the run dir (`holder` describes it)."""
+
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder
 
 
 def _holder(fd: int) -> str:
@@ -49,16 +57,33 @@ def held(run_dir: str | os.PathLike) -> bool:
     return Path(run_dir).resolve() in _held
 
 
+def _open_lock_file(path: Path, key: str) -> int:
+    """The descriptor of path/LOCK_FILE (path created if missing); RunDirLockError when it cannot be."""
+    lock = path / LOCK_FILE
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # not truncated: it names the holder
+    except IsADirectoryError:
+        raise RunDirLockError(
+            f"{lock} is a directory, where a run keeps its lock file: remove it if it is empty "
+            f"(rmdir {lock}) or move it away, or choose another {key}"
+        ) from None
+    except OSError as e:
+        raise RunDirLockError(
+            f"{key}={path}: cannot open its lock file {lock} ({e.strerror or e}); choose another {key}"
+        ) from None
+
+
 @contextmanager
 def hold(run_dir: str | os.PathLike, key: str = "hydra.run.dir"):
-    """Hold run_dir for the block (created if missing); RunDirBusyError when a live process holds it.
-    Re-entrant within a process. `key` names the setting to change in the refusal."""
+    """Hold run_dir for the block (created if missing); RunDirBusyError when a live process holds it,
+    RunDirLockError when its lock file cannot be opened (a directory in its place). Re-entrant within a
+    process. `key` names the setting to change in the refusal."""
     path = Path(run_dir).resolve()
     if path in _held:
         yield path
         return
-    path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # not truncated: it names the holder
+    fd = _open_lock_file(path, key)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -66,7 +91,8 @@ def hold(run_dir: str | os.PathLike, key: str = "hydra.run.dir"):
         os.close(fd)
         raise RunDirBusyError(
             f"{key}={path} is in use by a live run ({holder}); a run dir holds one run at a time: wait "
-            f"for that run to end (to continue it then: train.resume=auto), or choose another {key}"
+            f"for that run to end (to continue it then: train.resume=auto), or choose another {key}",
+            holder,
         ) from None
     except BaseException:
         os.close(fd)

@@ -32,7 +32,7 @@ import mars.checkpoint as ckpt
 from mars.train.config import Config, global_batch_size
 from mars.train.distributed import DistInfo, all_reduce_sum, barrier
 from mars.train.health import HealthMonitor
-from mars.train.metrics import Metrics, MetricsFile, Progress, logged_metrics
+from mars.train.metrics import Metrics, MetricsFile, Progress, check_metrics, logged_metrics
 from mars.train.resume import load_optimizer_state
 from mars.train.rundir import resume_command
 from mars.train.schedule import GammaSchedule, LRSchedule
@@ -99,6 +99,7 @@ class Trainer:
         self._build_model()
         self._build_optimizer()
         wandb_run_id = self._restore(resume_from)
+        check_metrics(self.raw_model, self.optimizer)  # a plugin metric with no number: stop before step 1
         self._start_logging(OmegaConf.to_container(node, resolve=True), resume_from, wandb_run_id)
 
         self._batch_cache: tuple[int, list] | None = None
@@ -190,13 +191,14 @@ class Trainer:
         )
 
     def _restore(self, step_dir: Path | None) -> str | None:
-        """The loop's counters and health history, fresh or from the checkpoint `step_dir` together with
-        its weights (copied into the parameters in place), optimizer state, loader position and RNG.
-        The optimizer's hyperparameters stay those of this run's config (mars.train.resume). Returns
-        the checkpoint's wandb run id."""
+        """The loop's counters, health history and the sums of the current log window, fresh or from the
+        checkpoint `step_dir` together with its weights (copied into the parameters in place), optimizer
+        state, loader position and RNG. The optimizer's hyperparameters stay those of this run's config
+        (mars.train.resume). Returns the checkpoint's wandb run id."""
         t = self.cfg.train
         self.state = Counters()
         self.health = HealthMonitor(t.health_window, t.spike_factor, t.spike_loss)
+        self.window = _Window(self.device)
         if step_dir is None:
             return None
         ckpt.check_model_shape(step_dir, self.cfg.model)
@@ -210,6 +212,8 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         self.state = Counters(**state["counters"])
         self.health.load_state_dict(state.get("health", {}))
+        if "window" in state:  # older checkpoints: the first log line averages the steps since the resume
+            self.window.load_state_dict(state["window"], self._micro_batches_per_step(), self.dist.is_main)
         log.info(f"resumed from {step_dir} at step {self.state.step}")
         return ckpt.read_meta(step_dir).get("wandb_run_id")
 
@@ -225,10 +229,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
 
-    def save(self) -> Path | None:
+    def _micro_batches_per_step(self) -> int:
+        return self.accum_steps * self.dist.world_size
+
+    def save(self, preempted: bool = False) -> Path | None:
         """Checkpoint the current step. Replicated (ddp): rank 0 writes the "full" format while the others
-        wait. Sharded (fsdp): every rank writes its shards ("sharded" format), rank 0 the rest."""
+        wait. Sharded (fsdp): every rank writes its shards ("sharded" format), rank 0 the rest.
+        preempted: saved because the run was stopped by a signal (meta.json says so: mars.train.rundir)."""
         s = self.state
+        window = self.window.state_dict(self._micro_batches_per_step())  # every rank: the loss is summed
         sharded = None
         if self.fsdp:
             optimizer_state, optimizer_tensors = ckpt.split_optimizer_state(self.optimizer, self.param_names)
@@ -245,6 +254,7 @@ class Trainer:
                 "schedule": {"step": s.step, "lr_factor": self.schedule(s.step)},
                 "counters": asdict(s),
                 "health": self.health.state_dict(),
+                "window": window,
             }
             meta = {
                 "tokens": s.step * self.tokens_per_step,
@@ -257,6 +267,8 @@ class Trainer:
                 "block_size": self.cfg.model.block_size,
                 "optimizer": self.cfg.optimizer.name,
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "preempted": preempted,
+                "spike_pending": self.health.spike_pending(),
             }
             path = ckpt.save_checkpoint(
                 self.run_dir,
@@ -395,9 +407,16 @@ class Trainer:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         self._stop_signal = signum
 
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal that stopped fit() before train.max_steps (None: it was not stopped)."""
+        return self._stop_signal
+
     def _install_signal_handlers(self) -> dict:
+        from mars.train.launch import preemption_signals
+
         previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, *preemption_signals()):
             try:
                 previous[sig] = signal.signal(sig, self._on_signal)
             except ValueError:  # not the main thread
@@ -415,6 +434,43 @@ class Trainer:
     def _warn(self, alarm: str | None) -> None:
         if alarm and self.progress is not None:
             self.progress.write(f"warning: {alarm}")
+
+    def _check_health(self, alarm: str | None, step: int) -> None:
+        """Say the alarm, if any. When an alarm at `step` dates its trouble from an earlier spike, the
+        checkpoints saved since that spike are unhealthy too: the main rank (it writes meta.json) marks
+        them."""
+        self._warn(alarm)
+        h = self.health
+        began = h.episode_start if h.last_alarm == step else None
+        if began is None or began >= step or not self.dist.is_main:
+            return
+        for p in ckpt.list_checkpoints(self.run_dir / ckpt.CKPT_DIR):
+            if began <= ckpt.step_of(p) < step and ckpt.is_healthy(p):
+                why = f"the trouble of the alarm at step {step} began at {began}"
+                self._update_meta(p, why, healthy=False)
+
+    def _stopped_by_divergence(self) -> None:
+        """The run stops because of divergence: none of its unhealthy checkpoints counts as a preemption's
+        any more (train.resume=auto continues an unhealthy one only when a signal stopped the run there)."""
+        if not self.dist.is_main:
+            return
+        for p in ckpt.list_checkpoints(self.run_dir / ckpt.CKPT_DIR):
+            try:
+                meta = ckpt.read_meta(p)
+            except ckpt.CheckpointError:
+                continue  # resume=auto will not use it either
+            if meta.get("preempted") and not meta.get("healthy", True):
+                self._update_meta(p, "the run stopped because of divergence after it", preempted=False)
+
+    def _update_meta(self, step_dir: Path, why: str, **changes) -> None:
+        """A health verdict into a checkpoint's meta.json; a failure to write it is said, never fatal."""
+        what = "marked unhealthy" if changes.get("healthy") is False else "no longer counts as a preemption's"
+        try:
+            ckpt.update_meta(step_dir, **changes)
+        except (ckpt.CheckpointError, OSError) as e:
+            self._warn(f"{step_dir} should be {what} ({why}) but its meta.json cannot be rewritten: {e}")
+            return
+        self._warn(f"{step_dir} {what}: {why}")
 
     def _every(self, interval: int) -> bool:
         """Whether the current step is a multiple of `interval` (never for interval 0: off)."""
@@ -447,7 +503,7 @@ class Trainer:
             all_reduce_sum(stop)  # every rank stops at the same step
         norm_f, stop_f = torch.stack([norm.detach().float().reshape(()), stop]).tolist()  # the one sync
         stepped = math.isfinite(norm_f)
-        self._warn(self.health.on_step(s.step + 1, norm_f))
+        self._check_health(self.health.on_step(s.step + 1, norm_f), s.step + 1)
         if stepped:
             self.optimizer.step()
             s.nonfinite_streak = 0
@@ -470,25 +526,25 @@ class Trainer:
         try:
             if s.step == 0:
                 self._eval_and_log()
-            win = _Window(self.device)
             last_saved = s.step if s.step > 0 else None
             while s.step < t.max_steps:
                 t0 = time.perf_counter()
                 out = self.train_step()
-                win.add(out, time.perf_counter() - t0)
+                self.window.add(out, time.perf_counter() - t0)
                 self.progress.advance()
                 if s.nonfinite_streak >= t.max_nonfinite_steps:
+                    self._stopped_by_divergence()
                     raise TrainingDivergedError(self._divergence_advice(out.grad_norm))
                 last = s.step == t.max_steps
                 if last or self._every(t.log_interval):
-                    self._log_train(win, out.lr)
-                    win = _Window(self.device)
+                    self._log_train(self.window, out.lr)
+                    self.window = _Window(self.device)
                 if last or self._every(t.eval_interval):
                     self._eval_and_log()
                 if self._every(self.cfg.downstream.interval):
                     self._downstream_and_log()
                 if last or out.stop or self._every(t.ckpt_interval):
-                    self.save()
+                    self.save(preempted=out.stop)
                     last_saved = s.step
                 if out.stop:
                     status = "preempted"
@@ -579,7 +635,7 @@ class Trainer:
             record["mfu"] = utilisation
         self._log(record)
         self.progress.show(record)
-        self._warn(self.health.on_loss(s.step, record["train/loss"]))
+        self._check_health(self.health.on_loss(s.step, record["train/loss"]), s.step)
 
 
 @dataclass
@@ -592,11 +648,29 @@ class StepResult:
 
 
 class _Window:
-    """Sums over the steps since the last training log line (the loss stays on the device)."""
+    """Sums over the steps since the last training log line (the loss stays on the device). Saved in
+    every checkpoint, so that the first line after a resume averages the same steps as an uninterrupted
+    run's line."""
 
     def __init__(self, device: torch.device):
         self.loss = torch.zeros((), device=device)
         self.norm, self.good, self.steps, self.seconds = 0.0, 0, 0, 0.0
+
+    def state_dict(self, micro_batches: int) -> dict:
+        """On every rank (the loss is summed over them); `micro_batches` per step over all ranks."""
+        loss = all_reduce_sum(self.loss.detach().clone()).cpu()
+        sums = {"norm": self.norm, "good": self.good, "steps": self.steps, "seconds": self.seconds}
+        return {"loss": loss, "micro_batches": micro_batches, **sums}
+
+    def load_state_dict(self, state: dict, micro_batches: int, main: bool) -> None:
+        """The loss summed over every rank goes to the main rank (the log line sums over ranks again); a sum
+        over another number of micro-batches per step (another world size or micro batch) is rescaled."""
+        loss = state["loss"].to(self.loss.device, self.loss.dtype)
+        if int(state["micro_batches"]) != micro_batches:
+            loss = loss * (micro_batches / int(state["micro_batches"]))
+        self.loss = loss if main else torch.zeros_like(loss)
+        self.norm, self.good = float(state["norm"]), int(state["good"])
+        self.steps, self.seconds = int(state["steps"]), float(state["seconds"])
 
     def add(self, out: StepResult, seconds: float) -> None:
         self.steps += 1

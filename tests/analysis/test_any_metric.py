@@ -57,6 +57,16 @@ def test_trainer_and_analysis_share_one_metrics_jsonl_reader_and_encoder(tmp_pat
     assert (run.last_step, run.last_tokens) == (2, 16.0)
 
 
+def test_analysis_refuses_a_run_dir_with_a_damaged_line_in_one_line(tmp_path):
+    from mars.analysis import AnalysisError
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "tokens": 8, "val/loss": 3.0}\n{"ste\n{"step": 2')
+    with pytest.raises(AnalysisError) as e:  # a torn last line alone is fine, a damaged one before it is not
+        load_run(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'metrics.jsonl'} line 2 is not a JSON object")
+    assert "\n" not in str(e.value)
+
+
 def test_jsonable_is_one_encoding_for_metrics_and_reports():
     value = {"a": np.float64(-math.inf), "b": [np.int64(3), (math.nan, 1.5)], "c": None}
     assert fmt.jsonable(value) == {"a": "-inf", "b": [3, ["nan", 1.5]], "c": None}

@@ -35,6 +35,17 @@ def test_a_dir_without_run_dirs(tmp_path, capsys):
     assert line == f"error: {tmp_path / 'missing'} is not a directory (give a sweep dir or a run dir)"
 
 
+def test_a_plugin_that_cannot_be_imported(sweep, tmp_path, capsys, monkeypatch):
+    import mars.plugins as plugins
+
+    monkeypatch.setattr(plugins, "_done", False)
+    monkeypatch.setattr(plugins, "_entry_points", lambda: [])
+    monkeypatch.setenv("MARS_PLUGINS", "no_such_plugin_module")
+    line = one_error_line(capsys, [sweep, "--out", tmp_path / "out"])
+    assert line.startswith("error: MARS_PLUGINS=no_such_plugin_module: cannot import plugin")
+    assert not (tmp_path / "out").exists()
+
+
 def test_runs_without_metrics_or_without_val_loss_are_named(tmp_path, capsys):
     write_run(tmp_path / "0", config(), [], power_law)
     write_run(tmp_path / "1", config(), [], power_law, metrics=False)
@@ -85,7 +96,7 @@ def test_baseline_that_matches_several_groups_asks_for_another_key(tmp_path, cap
     line = one_error_line(capsys, [tmp_path, "--baseline", "optimizer.lr=3e-3"])
     assert line == (
         "error: --baseline optimizer.lr=3e-3 matches 2 groups (gamma=0.0, lr=0.003; gamma=0.025, lr=0.003): "
-        "add another --baseline KEY=VALUE, e.g. --baseline optimizer.gamma=0 (optimizer.gamma takes 0, "
+        "add another --baseline KEY=VALUE, e.g. --baseline optimizer.gamma=0.0 (optimizer.gamma takes 0.0, "
         "0.025 among them), or --best to take the best of them"
     )
     narrowed = build_report([tmp_path], baseline=["optimizer.lr=3e-3", "optimizer.gamma=0.025"])

@@ -62,9 +62,9 @@ def test_keys_an_optimizer_does_not_read_neither_split_groups_nor_appear_in_labe
         ),
     ]
     assert labels_of(items) == [
-        "AdamW, lr=1e-3",
+        "AdamW, lr=0.001",  # the override said 1e-3: one number format for every label
         "MARS-AdamW (approx), gamma=0.05, lr=0.006",
-        "MARS-AdamW (approx), gamma=0.1, lr=1e-3",
+        "MARS-AdamW (approx), gamma=0.1, lr=0.001",
     ]
 
 
@@ -82,7 +82,7 @@ def test_labels_name_only_what_differs_and_prefer_the_overrides():
     # a difference no override explains is named by its config key, as short as is unambiguous
     before = config(**{"train.grad_clip": 1.0, "data.seed": 1337})
     items = [item(before), item(config(**{"train.grad_clip": 0.5, "data.seed": 3, "train.seed": 9}))]
-    assert labels_of(items) == ["data.seed=1337, grad_clip=1", "data.seed=3, grad_clip=0.5"]
+    assert labels_of(items) == ["data.seed=1337, grad_clip=1.0", "data.seed=3, grad_clip=0.5"]
     assert labels_of([item(mars)]) == [""]  # alone: nothing differs
 
 
@@ -171,8 +171,8 @@ def test_a_config_group_choice_stands_only_for_the_keys_it_determines():
     a2 = item(config(**{"optimizer.lr": 2e-3}), ["experiment=a", "optimizer.lr=2e-3"])
     b = item(config(**{"optimizer.lr": 1e-3, "schedule.warmup_steps": 2000}), ["experiment=b"])
     assert labels_of([a1, a2, b]) == [
-        "lr=1e-3, experiment=a",
-        "lr=2e-3, experiment=a",
+        "lr=0.001, experiment=a",  # the same lr as b's, in the same form though a's came from 1e-3
+        "lr=0.002, experiment=a",
         "lr=0.001, experiment=b",
     ]
     # a shape the size name does not tell apart keeps its own key

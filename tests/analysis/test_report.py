@@ -15,6 +15,7 @@ from analysis_helpers import (
     DELTA,
     EVAL_TOKENS,
     GROUP_OFFSETS,
+    MAX_STEPS,
     A,
     B,
     C,
@@ -28,6 +29,7 @@ from test_stats import welch_by_hand
 
 from mars.analysis.cli import report_main
 from mars.analysis.report import build_report, markdown_table
+from mars.metrics_jsonl import read_metrics
 
 FINAL = EVAL_TOKENS[-1]  # 20 evaluations of DELTA tokens
 
@@ -220,3 +222,67 @@ def test_killed_duplicated_and_diverged_runs_are_warned_about(tmp_path):
     assert f"{tmp_path / '2'} stopped early (killed?)" in warnings
     assert f"{tmp_path / '3'}: final val loss is nan (diverged?)" in warnings
     assert "| **all runs** | 4 | nan |" in markdown_table(report)  # a divergence is not averaged away
+
+
+def lr_sweep(root, extend=None, lrs=("3e-3", "6e-3")):
+    """`-m optimizer.lr=3e-3,6e-3 train.seed=1,2,3` of MAX_STEPS steps; job `extend` then continued to
+    twice as many with train.resume=auto train.max_steps=... (docs/training.md), its lines of the first
+    MAX_STEPS steps those it logged as one of the sweep."""
+    root.mkdir(parents=True)
+    (root / "multirun.yaml").write_text("{}\n")
+    job = 0
+    for lr in lrs:
+        for seed in (1, 2, 3):
+            over, steps = [f"optimizer.lr={lr}", f"train.seed={seed}"], MAX_STEPS
+            tokens = EVAL_TOKENS
+            if job == extend:
+                steps, over = 2 * MAX_STEPS, [*over, "train.resume=auto", f"train.max_steps={2 * MAX_STEPS}"]
+                tokens = [i * DELTA for i in range(2 * len(EVAL_TOKENS) - 1)]
+            cfg = config(**{"optimizer.lr": float(lr), "train.seed": seed, "train.max_steps": steps})
+            write_run(root / str(job), cfg, over, power_law, 0.01 * seed + float(lr), tokens)
+            job += 1
+    return root
+
+
+def test_a_run_trained_on_is_compared_with_its_sweep_at_the_sweep_length(tmp_path):
+    plain = build_report([lr_sweep(tmp_path / "plain")])
+    report = build_report([lr_sweep(tmp_path / "sweep", extend=0)])
+    assert [(g.label, g.n) for g in report.groups] == [("lr=0.003", 3), ("lr=0.006", 3)]
+    extended = report.groups[0].runs[0]
+    assert extended.path == str(tmp_path / "sweep" / "0")
+    assert (extended.final, extended.final_tokens) == (plain.groups[0].runs[0].final, FINAL)  # at step 200
+    assert [g.speedup for g in report.groups] == [g.speedup for g in plain.groups]
+    assert report.warnings == [
+        f"{tmp_path / 'sweep' / '0'} was trained on to train.max_steps=400; compared at step 200, its "
+        "sweep's length (report it alone for the longer run)"
+    ]
+    alone = build_report([tmp_path / "sweep" / "0"])  # on its own: the whole run
+    assert alone.groups[0].runs[0].final_tokens == 2 * FINAL and alone.warnings == []
+
+    # continued before it reached step 200: its lr left its siblings' there, which the note says
+    early = lr_sweep(tmp_path / "early", extend=3)
+    records = read_metrics(early / "3")
+    for r in records:
+        if "lr" in r and r["step"] > 150:  # the longer schedule from its resume at step 150
+            r["lr"] *= 2
+    (early / "3" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (note,) = build_report([early]).warnings
+    assert note.endswith("its lr differs from its siblings' before step 200: continued before it got there")
+
+
+def test_one_number_format_in_labels_whatever_the_command_line_said(tmp_path):
+    """optimizer.lr=3e-3 in one sweep and 0.003 in another are one value, shown one way."""
+    lr_sweep(tmp_path / "a", lrs=("3e-3",))
+    lr_sweep(tmp_path / "b", lrs=("0.003", "6e-3"))
+    for run in (tmp_path / "b").iterdir():  # sweep b ran MARS-AdamW's lr on AdamW's other settings
+        if run.is_dir():
+            text = (run / ".hydra" / "config.yaml").read_text()
+            (run / ".hydra" / "config.yaml").write_text(
+                text.replace("weight_decay: 0.01", "weight_decay: 0.1")
+            )
+    report = build_report([tmp_path / "a", tmp_path / "b"])
+    assert [g.label for g in report.groups] == [
+        "lr=0.003, weight_decay=0.01",
+        "lr=0.003, weight_decay=0.1",
+        "lr=0.006, weight_decay=0.1",
+    ]

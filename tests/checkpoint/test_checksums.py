@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import struct
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -125,3 +128,81 @@ def test_a_missing_or_foreign_checksums_file_is_refused(tmp_path, model):
     one_line_error(lambda: ckpt.verify_checkpoint(path), str(sums), "algorithm 'md5'")
     sums.unlink()
     one_line_error(lambda: ckpt.load_model(path), f"{sums} is missing, but", "meta.json says")
+
+
+@contextmanager
+def within(seconds: int):
+    """Fail (instead of hanging the suite) when the block takes longer than `seconds`."""
+
+    def expired(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    before = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def _add_entry(path, rel, size):
+    sums = path / "checksums.json"
+    record = json.loads(sums.read_text())
+    record["files"][rel] = {"size": size, "xxh3_128": "0" * 32}
+    sums.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("rel", ["/dev/zero", "../../../secret.txt", "sharded/../../x", "./model.json"])
+def test_checksums_json_names_only_files_inside_its_checkpoint(tmp_path, model, rel):
+    path = save(tmp_path / "run", model)
+    (tmp_path / "secret.txt").write_text("x")
+    _add_entry(path, rel, 0)  # size 0 of /dev/zero: hashing it would never end
+    for load in (lambda: ckpt.verify_checkpoint(path), lambda: ckpt.load_model(path)):
+        with within(10):
+            one_line_error(load, "checksums.json: the entry", repr(rel), "is not a path inside")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "directory"])
+def test_a_listed_file_that_is_not_a_regular_file_is_refused_unread(tmp_path, model, kind):
+    path = save(tmp_path, model)
+    weights = path / "model.safetensors"
+    weights.unlink()
+    if kind == "fifo":
+        os.mkfifo(weights)  # opening it for reading would wait for a writer forever
+    elif kind == "directory":
+        weights.mkdir()
+    else:
+        weights.symlink_to("/dev/zero")
+    for load in (lambda: ckpt.verify_checkpoint(path), lambda: ckpt.load_model(path)):
+        with within(10):
+            one_line_error(load, str(weights), "is not a regular file", "checksums.json")
+
+
+def test_verification_reads_no_more_than_the_recorded_size(tmp_path, monkeypatch):
+    from mars.checkpoint import checksums
+
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"a" * 100 + b"b" * 100)
+    head = tmp_path / "head.bin"
+    head.write_bytes(b"a" * 100)
+    monkeypatch.setattr(checksums, "CHUNK", 64)  # the limit falls inside a chunk
+    assert checksums.file_digest(big, size=100) == checksums.file_digest(head)
+    assert checksums.file_digest(big) != checksums.file_digest(head)
+
+
+def test_a_file_the_checksums_do_not_list_is_refused(tmp_path, model):
+    path = save(tmp_path, model)
+    ckpt.verify_checkpoint(path)
+    extra = path / "notes.txt"
+    extra.write_text("added after the save")
+    one_line_error(lambda: ckpt.verify_checkpoint(path), f"{extra} is not listed in", "checksums.json")
+    ckpt.load_model(path)  # evaluation and export read the model files only, each listed
+    extra.unlink()
+    sums = path / "checksums.json"
+    record = json.loads(sums.read_text())
+    del record["files"]["model.safetensors"]  # the weights, read but no longer verified
+    sums.write_text(json.dumps(record))
+    weights = path / "model.safetensors"
+    for load in (lambda: ckpt.verify_checkpoint(path), lambda: ckpt.load_model(path)):
+        one_line_error(load, f"{weights} is not listed in")

@@ -33,12 +33,55 @@ def token_stream(docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(parts), np.cumsum([len(p) for p in parts])
 
 
-def expected_splits(docs: list[str], val_tokens: int, token_budget: int | None = None):
-    """(val, train) token arrays a preparation of ``docs`` must produce."""
-    stream, ends = token_stream(docs)
-    val = stream[:val_tokens]
-    train_start = int(ends[np.searchsorted(ends, val_tokens, side="left")]) if val_tokens else 0
-    train = stream[train_start:]
+SPLIT_SEED = DataConfig().split_seed  # the default sample rule of every source but the embedded corpus
+_MASK = (1 << 64) - 1
+
+
+def splitmix64(seed: int, i: int) -> int:
+    """Output i (from 0) of the SplitMix64 generator seeded with ``seed``, in plain Python: the reference
+    of the sample rule's document keys."""
+    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def expected_splits(
+    docs: list[str],
+    val_tokens: int,
+    token_budget: int | None = None,
+    split_seed: int | None = None,
+    scanned: int | None = None,
+):
+    """(val, train) token arrays a preparation of the stream ``docs`` must produce.
+
+    ``split_seed`` None: the head rule (the first val_tokens tokens). Otherwise the sample rule: the
+    non-blank documents of smallest splitmix64 key among the first ``scanned`` (default all), taken in
+    key order up to val_tokens tokens, in stream order with the last one taken cut and placed last;
+    training is every other document in stream order.
+    """
+    if split_seed is None or val_tokens == 0:
+        stream, ends = token_stream(docs)
+        val = stream[:val_tokens]
+        train_start = int(ends[np.searchsorted(ends, val_tokens, side="left")]) if val_tokens else 0
+        train = stream[train_start:]
+    else:
+        ids = get_tokenizer().encode_ordinary_batch(docs, num_threads=1)
+        parts = [
+            np.array(d + [EOT_ID] if t.strip() else [], dtype=np.uint16)
+            for t, d in zip(docs, ids, strict=True)
+        ]
+        n = len(docs) if scanned is None else scanned
+        taken, total = [], 0
+        for i in sorted((i for i in range(n) if len(parts[i])), key=lambda i: splitmix64(split_seed, i)):
+            taken.append(i)
+            total += len(parts[i])
+            if total >= val_tokens:
+                break
+        *whole, cut = taken
+        head = [parts[i] for i in sorted(whole)]
+        val = np.concatenate([*head, parts[cut][: val_tokens - sum(map(len, head))]])
+        train = np.concatenate([parts[i] for i in range(len(docs)) if i not in taken])
     if token_budget is not None:
         train = train[:token_budget]
     return val, train
@@ -71,13 +114,13 @@ def compose_data(overrides: list[str]) -> DataConfig:
     return OmegaConf.to_object(cfg.data)
 
 
-def run_prepare(cfg: DataConfig) -> None:
+def run_prepare(cfg: DataConfig, resplit: bool = False) -> None:
     """The prepare script's task in-process, on ``cfg`` (errors: one stderr line and SystemExit(1))."""
     from omegaconf import OmegaConf
 
     from mars.data.cli import PrepareConfig, run
 
-    run(OmegaConf.structured(PrepareConfig(data=cfg)))
+    run(OmegaConf.structured(PrepareConfig(data=cfg, resplit=resplit)))
 
 
 def local_cfg(root: Path, paths: list, **kw) -> DataConfig:

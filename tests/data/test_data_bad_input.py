@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from data_helpers import (
+    SPLIT_SEED,
     Interrupt,
     expected_splits,
     interrupt_after,
@@ -175,13 +176,13 @@ def test_skipped_documents_are_counted_recorded_and_resumable(monkeypatch, tmp_p
         lines[i] = line
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    good = [d for i, d in enumerate(docs) if i not in bad]
+    stream = ["" if i in bad else d for i, d in enumerate(docs)]  # a skipped document keeps its index
 
     cfg = local_cfg(tmp_path / "data", [path], val_tokens=500, shard_tokens=1500)
     assert _prepare_error(cfg).startswith(f"{path} line 1: not valid JSON")
     cfg.skip_bad_documents = True
     out = prepare(cfg, progress_bar=False)
-    val, train = expected_splits(good, 500)
+    val, train = expected_splits(stream, 500, split_seed=SPLIT_SEED)
     np.testing.assert_array_equal(read_split(out, "val"), val)
     np.testing.assert_array_equal(read_split(out, "train"), train)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -238,7 +239,10 @@ def test_hugging_face_records_without_text_are_skipped_by_index(monkeypatch, tmp
     assert manifest["skipped_documents"] == 4 and manifest["skipped_examples"][1].endswith(
         "record 13: 'text' is null, not a string"
     )
-    np.testing.assert_array_equal(read_split(out, "train"), expected_splits([t for t in texts if t], 50)[1])
+    stream = [t or "" for t in texts]
+    np.testing.assert_array_equal(
+        read_split(out, "train"), expected_splits(stream, 50, split_seed=SPLIT_SEED)[1]
+    )
 
 
 # ----------------------------------------------------------------------------- same documents as datasets

@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from data_helpers import compose_data, expected_splits, make_docs, read_split, run_prepare, write_jsonl
+from data_helpers import (
+    SPLIT_SEED,
+    compose_data,
+    expected_splits,
+    make_docs,
+    read_split,
+    run_prepare,
+    write_jsonl,
+)
 
 from mars.data.config import DataConfig
 from mars.data.layout import dataset_dir, prepare_command
@@ -77,7 +85,7 @@ def test_prepare_script_from_another_directory(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "train " in result.stdout and "val 200 tokens" in result.stdout
     out = tmp_path / "out" / "local"
-    val, train = expected_splits(docs, 200)
+    val, train = expected_splits(docs, 200, split_seed=SPLIT_SEED)
     assert (
         read_split(out, "val").tolist() == val.tolist()
         and read_split(out, "train").tolist() == train.tolist()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import datasets
 import numpy as np
 import pytest
-from data_helpers import expected_splits, local_cfg, make_docs, read_split, write_jsonl
+from data_helpers import SPLIT_SEED, expected_splits, local_cfg, make_docs, read_split, write_jsonl
 
 from mars.data import prepare as prep
 from mars.data import sources
@@ -123,16 +125,18 @@ def test_fineweb_edu_streams_and_stops_at_the_token_budget(monkeypatch, tmp_path
         num_workers=1,
     )
     out = prep.prepare(cfg, progress_bar=False)
-    assert hub.calls == [
-        {
-            "path": "HuggingFaceFW/fineweb-edu",
-            "name": "sample-100BT",
-            "split": "train",
-            "streaming": True,
-            "revision": None,
-        }
-    ]
-    val, train = expected_splits(docs, 500, token_budget=4000)
+    call = {
+        "path": "HuggingFaceFW/fineweb-edu",
+        "name": "sample-100BT",
+        "split": "train",
+        "streaming": True,
+        "revision": None,
+    }
+    assert hub.calls == [call, call]  # streamed twice: the validation sample first, then training
+    # the validation documents are sampled from about as many as the budget takes (one batch here)
+    record = json.loads((out / "manifest.json").read_text())["val_split"]
+    assert record["window"] == sources.STREAM_WINDOW and record["scanned"] == sources.BATCH_DOCS
+    val, train = expected_splits(docs, 500, 4000, split_seed=SPLIT_SEED, scanned=record["scanned"])
     np.testing.assert_array_equal(read_split(out, "val"), val)
     np.testing.assert_array_equal(read_split(out, "train"), train)
     assert hub.served < 1500  # stopped reading soon after the budget, not at the end of the stream
@@ -149,7 +153,9 @@ def test_openwebtext_downloaded_dataset_and_resume_skips(monkeypatch, tmp_path):
     skipped = [d for batch in src.batches(150) for d in batch]
     assert skipped == docs[150:]
     out = prep.prepare(cfg, progress_bar=False)
-    np.testing.assert_array_equal(read_split(out, "train"), expected_splits(docs, 100)[1])
+    np.testing.assert_array_equal(
+        read_split(out, "train"), expected_splits(docs, 100, split_seed=SPLIT_SEED)[1]
+    )
 
 
 def test_hf_dataset_without_the_text_field(monkeypatch, tmp_path):

@@ -105,6 +105,15 @@ def test_nothing_to_evaluate_and_bad_values(run_dir):
         results_io.load(run_dir / "ckpt" / "step_00000005" / "meta.json")
 
 
+def test_a_device_this_machine_lacks_is_refused_before_anything_is_read(tmp_path):
+    """train.py's check (mars.train.config.check_device) under eval's key: one line, before the checkpoint
+    (here none) is looked for."""
+    with pytest.raises(EvalError, match=r"^device=cuda:99: (this torch build has no CUDA|only \d+ CUDA)"):
+        run(config(f"ckpt={tmp_path}", "tasks=smoke", "device=cuda:99"))
+    with pytest.raises(EvalError, match=r"^device='gpu' is not one of auto, cpu, cuda, cuda:N$"):
+        run(config(f"ckpt={tmp_path}", "tasks=smoke", "device=gpu"))
+
+
 def test_precache_loads_the_tasks_only(capsys):
     assert run(config("precache=true", "tasks=smoke")) == []
     assert "cached the datasets of 1 task(s): mars_quiz" in capsys.readouterr().out

@@ -244,3 +244,63 @@ def test_scale_check_leaves_global_rng_alone():
     state = torch.random.get_rng_state()
     assert scale_is_honoured("eager")
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+def test_export_script_refuses_an_out_dir_it_cannot_make_before_reading_anything(
+    tmp_path, capsys, monkeypatch
+):
+    (tmp_path / "notes.txt").write_text("a file\n")
+    run = tmp_path / "no_run"  # never read: the output is checked first
+    assert export_script.main([str(run), str(tmp_path / "notes.txt" / "hf")]) == 1
+    assert one_line(capsys) == (
+        f"error: OUT_DIR {tmp_path / 'notes.txt' / 'hf'}: {tmp_path / 'notes.txt'} is a file, not a "
+        "directory; choose another OUT_DIR"
+    )
+
+    def read_only(base):  # as a read-only mount or another user's directory answers (root is never refused)
+        raise PermissionError(13, "Permission denied", str(base))
+
+    monkeypatch.setattr(export_script, "try_create_dir_in", read_only)
+    assert export_script.main([str(run), str(tmp_path / "ro" / "hf")]) == 1
+    assert one_line(capsys) == (
+        f"error: OUT_DIR {tmp_path / 'ro' / 'hf'}: cannot create directories in {tmp_path} (Permission "
+        "denied); choose another OUT_DIR"
+    )
+
+
+def test_export_script_errors_are_one_line(tmp_path, run_dir, capsys, monkeypatch):
+    run, _ = run_dir
+    step = run / "ckpt" / "step_00000010"
+    (step / "config.yaml").write_text("model:\n  n_layer: [1\n")  # YAML's own message has 6 lines
+    assert export_script.main([str(run), str(tmp_path / "hf")]) == 1
+    line = one_line(capsys)
+    assert line.startswith(f"error: {step / 'config.yaml'} is not valid YAML (while parsing a flow sequence")
+    assert not (tmp_path / "hf").exists()
+
+    # a plugin's architecture, without the plugin: named, with the variable that loads it
+    (step / "config.yaml").unlink()
+    config = json.loads((step / "model.json").read_text())
+    (step / "model.json").write_text(json.dumps({**config, "arch": "tinygpt"}))
+    monkeypatch.delenv("MARS_PLUGINS", raising=False)
+    assert export_script.main([str(run), str(tmp_path / "hf")]) == 1
+    line = one_line(capsys)
+    assert line.startswith(f"error: {step / 'model.json'}: model.arch='tinygpt' is not an architecture of ")
+    assert (
+        "MARS_PLUGINS is not set): it is a plugin's, so name the module that registers 'tinygpt' in " in line
+    )
+    assert "cannot load it" not in line
+
+    # a plugin that cannot be imported: its own line, exit status 2 (a command-line problem)
+    import mars.plugins as plugins
+
+    monkeypatch.setattr(plugins, "_done", False)
+    monkeypatch.setattr(plugins, "_entry_points", lambda: [])
+    monkeypatch.setenv("MARS_PLUGINS", "no_such_plugin_module")
+    assert export_script.main([str(run), str(tmp_path / "hf")]) == 2
+    assert "MARS_PLUGINS=no_such_plugin_module: cannot import plugin" in one_line(capsys)

@@ -42,6 +42,7 @@ class ToyConfig:
     n_embd: int = 8
     block_size: int = 8
     vocab_size: int = 32
+    scale: float = 1.0  # a float the architecture sets no rule for
 
 
 class Toy(nn.Module):
@@ -144,6 +145,27 @@ def test_a_registered_architecture_is_built_grouped_saved_and_loaded_without_oth
     assert math.isfinite(
         model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1].item()
     )
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [  # the floats they are, refused by the rule they break (not "should be a float")
+        ({"arch": "llama", "rope_theta": math.inf}, r"^model\.rope_theta=inf must be a finite number > 0$"),
+        ({"arch": "llama", "norm_eps": math.nan}, r"^model\.norm_eps=nan must be a finite number > 0$"),
+        ({"arch": "llama", "norm_eps": -math.inf}, r"^model\.norm_eps=-inf must be a finite number > 0$"),
+        ({"arch": "gpt2", "dropout": math.nan}, r"^model\.dropout=nan must lie in \[0, 1\)$"),
+        (
+            {"arch": "toy", "scale": math.inf},
+            r"^model\.scale=inf must be a finite number$",
+        ),  # no rule of its own
+        ({"arch": "llama", "rope_theta": "big"}, r"^model: rope_theta='big' should be a float$"),
+    ],
+)
+def test_a_non_finite_float_breaks_its_rule(toy, values, message):
+    from mars.model.spec import validate_model
+
+    with pytest.raises(ValueError, match=message):
+        validate_model(values)
 
 
 def test_register_arch_checks_the_config():

@@ -64,6 +64,7 @@ def test_resume_from_a_path_without_checkpoint(monkeypatch, capsys, tmp_path, da
     code, _, err = run_cli(monkeypatch, capsys, args)
     assert code == 1
     assert_one_line(err, f"train.resume={tmp_path}/nothing: no complete checkpoint there")
+    assert not (tmp_path / "run").exists()  # refused before the run dir and its train.log are made
 
 
 def test_resume_auto_without_checkpoint_starts_fresh_and_says_so(monkeypatch, capsys, tmp_path, data_root):

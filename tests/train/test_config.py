@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from train_helpers import compose
 
 from mars.train.cli import config_dir, one_line, precheck
-from mars.train.config import Config, ConfigError, validate
+from mars.train.config import Config, ConfigError, register_configs, validate
 
 CONFIGS = Path(config_dir())
 
@@ -92,6 +92,11 @@ def test_every_experiment_composes_and_validates():
         ),
         (["schedule.name=cos"], "schedule.name='cos' is not one of cosine, linear, wsd, constant"),
         (["train.dist_timeout_min=0"], "train.dist_timeout_min=0.0 must be > 0 (minutes)"),
+        (["train.dist_timeout_min=inf"], "train.dist_timeout_min=inf must be a finite number > 0 (minutes)"),
+        (
+            ["train.dist_timeout_min=1e12"],
+            "train.dist_timeout_min=1000000000000.0 must be <= 525600 (minutes, at most a year)",
+        ),
         (
             ["-m", "optimizer.lr=1e-3,2e-3", "train.batch_size=4,0"],
             "(sweep job optimizer.lr=0.001 train.batch_size=0)",
@@ -100,6 +105,7 @@ def test_every_experiment_composes_and_validates():
     ],
 )
 def test_precheck_turns_bad_input_into_one_line(overrides, message):
+    register_configs()  # what main() does first (the schemas of the optimizer and model groups)
     with pytest.raises(ConfigError) as e:
         precheck(overrides)
     text = str(e.value)

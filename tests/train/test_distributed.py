@@ -67,3 +67,26 @@ def test_run_local_ranks_returns_rank_0s_result_and_fails_with_a_failing_ranks_t
     assert run_local_ranks(_rank_one_fails, 1, timeout=60) == "rank 0 done"
     with pytest.raises(RuntimeError, match="(?s)a rank failed:.*ValueError: rank one broke"):
         run_local_ranks(_rank_one_fails, 2, timeout=60)
+
+
+def test_peer_failure_names_a_lost_rank_in_the_backends_words():
+    """What gloo raises when another rank is gone or silent becomes its first sentence, without the
+    source location; any other exception is not a lost rank."""
+    import torch.distributed as dist
+
+    from mars.train.distributed import peer_failure
+
+    closed = RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:3292. This is typically caused by a remote worker crashing. Check the logs of the "
+        "remote worker before reporting an error."
+    )
+    assert peer_failure(closed) == "Connection closed by peer [127.0.0.1]:3292"
+    silent = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv "
+        "operation to complete"
+    )
+    assert peer_failure(silent) == "Timed out waiting 30000ms for recv operation to complete"
+    assert peer_failure(dist.DistNetworkError("Broken pipe")) == "Broken pipe"
+    assert peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    assert peer_failure(ValueError("gloo")) is None

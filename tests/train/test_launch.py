@@ -37,3 +37,38 @@ def test_job_command_runs_the_job_in_its_own_run_dir(tmp_path):
     two = job_command(2, ["optimizer.lr=0.001"], tmp_path)
     assert two[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     assert two[5:7] == ["-m", "mars.train"] and two[-1] == "launch.gpus_per_job=0"
+
+
+SAVES_ON_CTRL_C = """
+import signal, sys, time
+from pathlib import Path
+
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the Ctrl-C of the test reaches only the test process)
+Path(sys.argv[1]).write_text("started")
+time.sleep(1.0)  # finishing the step and saving a checkpoint
+Path(sys.argv[1]).write_text("saved")
+"""
+
+
+def test_a_job_is_waited_for_after_ctrl_c(tmp_path):
+    """run_job lets an interrupted job save before the interrupt goes on (subprocess.run kills it)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from mars.train.launch import run_job
+
+    script, marker = tmp_path / "job.py", tmp_path / "state"
+    script.write_text(SAVES_ON_CTRL_C)
+
+    def ctrl_c_once_started():
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_once_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_job([sys.executable, str(script), str(marker)], dict(os.environ))
+    assert marker.read_text() == "saved"

@@ -8,14 +8,11 @@ import json
 import logging
 import shlex
 import signal
-import subprocess
-import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import assert_one_line, compose, run_cli, subprocess_env, tiny_overrides
+from train_helpers import assert_one_line, compose, lock_holder, run_cli, tiny_overrides
 
 import mars.checkpoint as ckpt
 from mars.train.distributed import DistInfo
@@ -216,28 +213,6 @@ def test_a_run_dir_that_cannot_be_created_is_one_line(monkeypatch, capsys, tmp_p
 
 
 # ----------------------------------------------------------------------------- one run per run dir
-
-HOLD = """
-import sys, time
-from mars.train.runlock import hold
-with hold(sys.argv[1]):
-    print("held", flush=True)
-    time.sleep(600)
-"""
-
-
-@contextmanager
-def lock_holder(path: Path):
-    """Another live process that holds the run dir's lock (as a run does for its lifetime)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True, env=subprocess_env()
-    )
-    try:
-        assert proc.stdout.readline().strip() == "held"
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_a_live_run_owns_its_run_dir_and_its_lock_dies_with_it(monkeypatch, capsys, tmp_path, data_root):

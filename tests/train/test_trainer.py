@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import signal
 
 import pytest
 import torch
@@ -245,6 +247,47 @@ def test_resume_from_a_checkpoint_reproduces_the_straight_run(data_root, tmp_pat
     resumed.fit()
     want, got = metric_lines(straight), metric_lines(split)
     assert [got[s] for s in (4, 5, 6)] == [want[s] for s in (4, 5, 6)]  # bit-identical
+
+
+def test_a_preempted_and_resumed_run_logs_the_lines_of_the_straight_run(data_root, tmp_path):
+    """The sums of the log window travel in the checkpoint: the first line after a resume averages the
+    same steps as the uninterrupted run's (bit-identical on CPU; timing keys aside)."""
+    timing = {"time", "ms_per_step", "tokens_per_s", "mfu"}
+
+    def lines(run_dir):
+        records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        return [{k: v for k, v in r.items() if k not in timing} for r in records]
+
+    cfg = compose(tiny_overrides(data_root, max_steps=6, log_interval=4))  # composed once: 4 runs share it
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    Trainer(cfg, straight, DistInfo()).fit()
+    first = Trainer(cfg, split, DistInfo())
+    real = first.train_step
+
+    def sigterm_during_step_2():
+        if first.state.step == 1:
+            first._on_signal(signal.SIGTERM, None)
+        return real()
+
+    first.train_step = sigterm_during_step_2
+    assert first.fit() == "preempted"
+    step2 = latest_checkpoint(split / "ckpt")
+    assert step2.name == "step_00000002"
+    Trainer(cfg, split, DistInfo(), resume_from=step2).fit()
+    assert [r["step"] for r in lines(straight)] == [0, 4, 6, 6]
+    assert lines(split) == lines(straight)
+
+    # a checkpoint of an older version, without the window: it resumes, its first line averages the
+    # steps since the resume, and the lines after it are exact again
+    older = tmp_path / "older" / "ckpt" / step2.name
+    shutil.copytree(step2, older)
+    state = torch.load(older / "train_state.pt", weights_only=True)
+    del state["window"]
+    torch.save(state, older / "train_state.pt")
+    Trainer(cfg, older.parent.parent, DistInfo(), resume_from=older).fit()
+    got, want = lines(older.parent.parent), lines(straight)
+    assert [r["step"] for r in got] == [4, 6, 6] and got[1:] == want[2:]
+    assert got[0]["train/loss"] != want[1]["train/loss"]
 
 
 def test_in_loop_downstream_eval_is_logged_every_interval(data_root, tmp_path, monkeypatch):

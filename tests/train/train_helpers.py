@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,3 +81,26 @@ def assert_one_line(err: str, *fragments: str) -> None:
     assert lines[0].startswith("error: ")
     for f in fragments:
         assert f in lines[0], lines[0]
+
+
+HOLD = """
+import sys, time
+from mars.train.runlock import hold
+with hold(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+@contextmanager
+def lock_holder(path: Path):
+    """Another live process that holds the run dir's lock (as a run does for its lifetime)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True, env=subprocess_env()
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,513 @@
+"""The driver: from a checked spec to trials, rounds, finals and the report, resumable at any point.
+
+    driver = Driver(check_spec(compose_spec(args)))
+    driver.prepare()   # every check; nothing runs, nothing is written
+    driver.run()       # the trials, n_jobs at a time, then the report
+
+prepare() refuses, each in one line naming the key or file and the fix: every bad spec value
+(mars.study.spec), an arm whose config does not compose at the corners of its space
+(mars.study.configs), a storage it cannot open, a study dir or storage made by another spec (the
+differences named), run dirs the storage does not know or known trials whose run dirs are gone.
+
+run() loops: while a launcher slot is free, the next job is chosen under the study's ask lock
+(mars.study.storage), arms in turn so that they progress alike:
+
+1. an orphaned trial (RUNNING, its driver dead) is adopted and rerun in its own dir with
+   train.resume=auto;
+2. else a new trial of the arm's current round is asked, while the round's budget lasts;
+3. a round whose trials have all finished goes through the edge check (mars.study.extend): a wider
+   round, or the arm's finals: its top_k configs, each with every seed of study.final.seeds.
+
+A finished trial is read from its run dir (mars.study.trials.read_result): completed or diverged
+(ranked worst) is told to optuna; any other failure stops the study in one line naming the trial and
+its log, after the other running trials were stopped with a checkpoint (SIGTERM); the trial stays
+RUNNING, so the next run of the same command reruns it. Ctrl-C or SIGTERM stops the same way. When
+every arm's finals are done, the report is written (mars.study.report).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from mars.study.configs import ArmConfig, check_arm, prepare_data, study_dir_ok, valid
+from mars.study.errors import StudyError
+from mars.study.extend import Round, edges_of, widen
+from mars.study.preflight import SPEC_FILE, check_dirs, check_spec_file, check_storage_spec
+from mars.study.records import (
+    TrialRecord,
+    records_of,
+    round_attrs,
+    round_from_attrs,
+    study_name,
+)
+from mars.study.samplers import make_sampler
+from mars.study.space import distributions, draw
+from mars.study.spec import Arm, Study
+from mars.study.storage import ASK_LOCK, DriverLock, held, is_locked, open_storage
+from mars.study.trials import (
+    LAUNCH_LOG,
+    Job,
+    Result,
+    final_dir,
+    read_result,
+    search_dir,
+    trial_overrides,
+)
+
+MAX_ATTEMPTS = 3  # a trial preempted (SIGTERM from outside) is continued this many times
+POLL_S = 0.2
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM: the running trials were stopped with a checkpoint; rerun to continue."""
+
+
+@dataclass
+class ArmState:
+    """Where an arm stands, as the storage says."""
+
+    rounds: list[Round]
+    search: list[TrialRecord]
+    final: list[TrialRecord]
+    plan: list[dict] | None  # the finals' plan, once the search is over
+
+
+class Driver:
+    def __init__(self, study: Study, launcher=None, say=print, poll_s: float = POLL_S):
+        self.study, self.launcher, self.say, self.poll_s = study, launcher, say, poll_s
+        self.metric = None
+        self.configs: dict[str, ArmConfig] = {}
+        self.storage = None
+        self.lock = DriverLock(study.dir)
+        self._studies: dict[str, object] = {}
+        self._valid: dict[tuple, str | None] = {}
+        self.stopping = False
+        self._started: dict[str, int] = {}
+        self._names: set[str] = set()
+        self._ids: dict[tuple[str, int], int] = {}
+
+    # ------------------------------------------------------------------ checks (nothing runs)
+
+    def prepare(self, data: bool = True) -> None:
+        from mars.analysis.errors import AnalysisError
+        from mars.analysis.metric import metric_of
+        from mars.study.launchers import make_launcher
+
+        s = self.study
+        study_dir_ok(s.dir)
+        try:
+            self.metric = metric_of(s.spec["metric"]["key"], s.spec["metric"]["direction"])
+        except AnalysisError as e:
+            raise StudyError(f"study.metric: {e}") from None
+        self.configs = {arm.name: check_arm(s, arm) for arm in s.arms}
+        check_spec_file(s)
+        self.storage = open_storage(s.storage)
+        check_storage_spec(s, self.storage)
+        states = [self.arm_state(arm, create=False) for arm in s.arms]
+        check_dirs(s, [t for st in states for t in st.search + st.final])
+        if self.launcher is None:
+            self.launcher = make_launcher(s)
+        if data:
+            prepare_data(list(self.configs.values()))
+
+    def budget_lines(self) -> list[str]:
+        from mars.study.preflight import budget_lines
+
+        return budget_lines(self.study, self.configs)
+
+    # ------------------------------------------------------------------ the storage's view
+
+    def _optuna_study(self, name: str, round_: Round | None = None, attrs: dict | None = None):
+        """The optuna study `name` (created with `attrs` when missing), cached."""
+        import optuna
+
+        if name in self._studies:
+            return self._studies[name]
+        direction = "maximize" if self.metric.higher_is_better else "minimize"
+        sampler = None
+        if round_ is not None:
+            sp = self.study.spec["sampler"]
+            sampler = make_sampler(
+                sp["name"],
+                int(sp["seed"]) + round_.number,
+                distributions(round_.sample),
+                sp["startup_trials"],
+            )
+        st = optuna.create_study(
+            storage=self.storage, study_name=name, direction=direction, sampler=sampler, load_if_exists=True
+        )
+        for k, v in (attrs or {}).items():
+            if k not in st.user_attrs:
+                st.set_user_attr(k, v)
+        self._studies[name] = st
+        return st
+
+    def _exists(self, name: str) -> bool:
+        """Whether the storage holds optuna study `name` (a study, once made, is never removed)."""
+        import optuna
+
+        if name in self._studies or name in self._names:
+            return True
+        self._names = set(optuna.get_all_study_names(self.storage))
+        return name in self._names
+
+    def arm_state(self, arm: Arm, create: bool = False) -> ArmState:
+        """The arm's rounds, search trials, finals and plan. create=True (under the ask lock only) makes
+        round 0 and completes a round whose driver died while making it."""
+        import optuna
+
+        name = self.study.name
+        rounds: list[Round] = []
+        search: list[TrialRecord] = []
+        while True:
+            r = len(rounds)
+            sname = study_name(name, arm.name, "search", r)
+            if not self._exists(sname):
+                if r == 0 and create:
+                    first = Round(0, dict(arm.space), dict(arm.space), arm.trials, 0)
+                    self._optuna_study(sname, first, round_attrs(first))
+                    continue
+                break
+            raw = self._studies.get(sname) or optuna.load_study(study_name=sname, storage=self.storage)
+            if "space" not in raw.user_attrs:  # its driver died between creating it and describing it
+                if not create:
+                    break
+                rnd = Round(0, dict(arm.space), dict(arm.space), arm.trials, 0) if r == 0 else None
+                if rnd is None:
+                    rnd = self._next_round(arm, ArmState(rounds, search, [], None), quiet=True)
+                for k, v in round_attrs(rnd).items():
+                    raw.set_user_attr(k, v)
+            rnd = round_from_attrs(raw.user_attrs)
+            st = self._optuna_study(sname, rnd)
+            rounds.append(rnd)
+            search += records_of(st, arm.name, "search", rnd.number, rnd.offset)
+        final: list[TrialRecord] = []
+        plan = None
+        fname = study_name(name, arm.name, "final")
+        if self._exists(fname):
+            st = self._optuna_study(fname)
+            plan = st.user_attrs.get("plan")
+            final = records_of(st, arm.name, "final")
+        return ArmState(rounds, search, final, plan)
+
+    def _set_attrs(self, st, number: int, attrs: dict) -> None:
+        """User attrs of trial `number` of optuna study `st` (through the storage: the trial may be
+        another driver's, or this one's from before it was resumed)."""
+        key = (st.study_name, number)
+        if key not in self._ids:
+            study_id = self.storage.get_study_id_from_name(st.study_name)
+            self._ids[key] = self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        for k, v in attrs.items():
+            self.storage.set_trial_user_attr(self._ids[key], k, v)
+
+    # ------------------------------------------------------------------ choosing the next job
+
+    def _arm_order(self) -> list[Arm]:
+        """Arms with the fewest trials started first, so that they progress alike."""
+        started = {}
+        for arm in self.study.arms:
+            st = self._started.get(arm.name, 0)
+            started[arm.name] = st
+        return sorted(self.study.arms, key=lambda a: started[a.name])
+
+    def next_job(self) -> Job | None:
+        with held(self.study.dir / ASK_LOCK):
+            for arm in self._arm_order():
+                job = self._next_for_arm(arm)
+                if job is not None:
+                    self._started[arm.name] = self._started.get(arm.name, 0) + 1
+                    return job
+        return None
+
+    def _next_for_arm(self, arm: Arm) -> Job | None:
+        state = self.arm_state(arm, create=True)
+        for t in state.search + state.final:  # 1. orphans
+            if t.state == "RUNNING" and not self.lock.alive(t.attrs.get("driver")):
+                return self._adopt(arm, state, t)
+        current = state.rounds[-1]
+        in_round = [t for t in state.search if t.round == current.number and t.state != "FAIL"]
+        if len(in_round) < current.trials:  # 2. a new search trial
+            return self._ask_search(arm, current)
+        if any(t.state == "RUNNING" for t in state.search):
+            return None  # the round is still running (here or in another driver)
+        if state.plan is None:  # 3. the round is done: widen, or plan the finals
+            nxt = self._next_round(arm, state)
+            if nxt is not None:
+                self._optuna_study(
+                    study_name(self.study.name, arm.name, "search", nxt.number), nxt, round_attrs(nxt)
+                )
+                return self._ask_search(arm, nxt)
+            state.plan = self._plan_finals(arm, state)
+        if len(state.final) < len(state.plan):
+            return self._ask_final(arm, state.plan, len(state.final))
+        return None
+
+    def _adopt(self, arm: Arm, state: ArmState, t: TrialRecord) -> Job:
+        """Take over an orphaned trial: finish what its driver wrote of it (a driver killed while asking
+        leaves a trial without all its values or attrs) and rerun it in its own dir."""
+        if t.phase == "search":
+            rnd = state.rounds[t.round]
+            st = self._optuna_study(study_name(self.study.name, arm.name, "search", rnd.number), rnd)
+            t = self._fill_search(arm, st, rnd, t.number)
+        else:
+            st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
+            t = self._fill_final(arm, st, state.plan, t.number)
+        job = self._job(arm, t, st, fresh=False)
+        self.say(f"{job.label}: its driver stopped; rerunning it in its own dir with train.resume=auto")
+        return job
+
+    def _ask_search(self, arm: Arm, rnd: Round) -> Job:
+        st = self._optuna_study(study_name(self.study.name, arm.name, "search", rnd.number), rnd)
+        trial = st.ask()
+        return self._job(arm, self._fill_search(arm, st, rnd, trial.number, trial), st, fresh=True)
+
+    def _fill_search(self, arm: Arm, st, rnd: Round, number: int, trial=None) -> TrialRecord:
+        """Trial `number`'s values (drawn by the round's sampler, which the trial's number decides; any
+        already stored stay), its run dir and this driver as its owner."""
+        import optuna
+
+        if trial is None:  # an orphan: its values may be missing if its driver died while asking
+            study_id = self.storage.get_study_id_from_name(st.study_name)
+            trial = optuna.Trial(st, self.storage.get_trial_id_from_study_id_trial_number(study_id, number))
+        draw(trial, rnd.sample)
+        run_dir = search_dir(self.study.dir, arm.name, rnd.offset + number)
+        self._set_attrs(st, number, {"driver": self.lock.id, "dir": str(run_dir)})
+        return records_of_one(st, number, arm.name, rnd)
+
+    def _ask_final(self, arm: Arm, plan: list[dict], i: int) -> Job:
+        st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
+        number = st.ask().number
+        if number != i:  # the plan's entries are taken in order under the ask lock
+            raise StudyError(
+                f"{arm.name}: final trial {number} was asked for plan entry {i}: the storage is "
+                "inconsistent (was it changed by hand?)"
+            )
+        return self._job(arm, self._fill_final(arm, st, plan, number), st, fresh=True)
+
+    def _fill_final(self, arm: Arm, st, plan: list[dict], number: int) -> TrialRecord:
+        """Final trial `number` is the plan's entry `number`: its values, rank, seed, run dir, owner."""
+        entry = plan[number]
+        run_dir = final_dir(self.study.dir, arm.name, entry["rank"], entry["seed"])
+        attrs = {"params": entry["params"], "rank": entry["rank"], "seed": entry["seed"], "dir": str(run_dir)}
+        self._set_attrs(st, number, {"driver": self.lock.id, **attrs})
+        return [r for r in records_of(st, arm.name, "final") if r.number == number][0]
+
+    def _job(self, arm: Arm, t: TrialRecord, st, fresh: bool) -> Job:
+        """The job of trial t: a fresh trial in a new run dir, or (fresh=False) an interrupted one
+        continued in its own with train.resume=auto."""
+        from mars.train.rundir import holds_a_run
+
+        s = self.study
+        if t.phase == "search":
+            run_dir, seed = search_dir(s.dir, arm.name, t.index), int(s.spec["search_seed"])
+            tag = f"search/{arm.name}/{t.index:03d}"
+        else:
+            rank, seed = int(t.attrs["rank"]), int(t.attrs["seed"])
+            run_dir, tag = final_dir(s.dir, arm.name, rank, seed), f"final/{arm.name}/top{rank}-seed{seed}"
+        if fresh and holds_a_run(run_dir):
+            raise StudyError(
+                f"{run_dir} already holds a run that is not this trial's: move it away (a trial's run dir is "
+                "never overwritten)"
+            )
+        overrides = trial_overrides(s, arm, t.params, seed, tag)
+        label = f"{arm.name} {t.phase} {run_dir.name}"
+        return Job(run_dir, overrides, resume=not fresh, label=label, trial=t, study=st)
+
+    def _next_round(self, arm: Arm, state: ArmState, quiet: bool = False) -> Round | None:
+        ext = self.study.spec["auto_extend"]
+        current = state.rounds[-1]
+        if current.number >= ext["rounds"]:
+            return None
+        edges = self.edges(arm, state)
+        if not edges:
+            return None
+        nxt, _ = widen(current, edges, int(ext["trials"]), lambda k, v: self.refuses(arm, k, v))
+        if nxt is not None and not quiet:
+            for note in nxt.notes:
+                self.say(f"edge: {note} ({ext['trials']} more trials)")
+        return nxt
+
+    def edges(self, arm: Arm, state: ArmState):
+        e = self.study.spec["edges"]
+        points = [(t.params, t.value) for t in state.search if t.state == "COMPLETE"]
+        return edges_of(
+            state.rounds[-1].space,
+            points,
+            self.metric.higher_is_better,
+            e["fraction"],
+            e["tolerance"],
+            arm.name,
+        )
+
+    def refuses(self, arm: Arm, key: str, value) -> str | None:
+        k = (arm.name, key, value)
+        if k not in self._valid:
+            self._valid[k] = valid(self.study, arm, key, value)
+        return self._valid[k]
+
+    def _plan_finals(self, arm: Arm, state: ArmState) -> list[dict]:
+        from mars.study.finals import plan_finals
+
+        plan = plan_finals(
+            state.search, self.study.spec["final"]["top_k"], self.study.seeds, self.metric.higher_is_better
+        )
+        self._optuna_study(study_name(self.study.name, arm.name, "final"), attrs={"plan": plan})
+        if not plan:
+            self.say(f"{arm.name}: every search trial diverged; the arm has no finalist")
+        return plan
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> None:
+        import optuna
+
+        s = self.study
+        s.dir.mkdir(parents=True, exist_ok=True)
+        with held(s.dir / ASK_LOCK):  # the first of several drivers writes the spec
+            spec_file = s.dir / SPEC_FILE
+            if not spec_file.is_file():
+                from mars.files import write_atomic
+
+                write_atomic(spec_file, yaml.safe_dump(s.spec, sort_keys=False))
+            meta = optuna.create_study(storage=self.storage, study_name=s.name, load_if_exists=True)
+            if "spec" not in meta.user_attrs:
+                meta.set_user_attr("spec", s.spec)
+        self.lock.acquire()
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
+        try:
+            self._loop()
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
+            self.lock.release()
+
+    def _loop(self) -> None:
+        running: list[tuple[Job, object]] = []
+        try:
+            while True:
+                while len(running) < self.launcher.capacity:
+                    t0 = time.perf_counter()
+                    job = self.next_job()
+                    if job is None:
+                        break
+                    running.append((job, self._start(job, t0)))
+                if not running:
+                    if self.done():
+                        return
+                    time.sleep(max(self.poll_s, 1.0))  # other drivers run what is left
+                    continue
+                finished = []
+                while not finished:
+                    finished = [(j, h, c) for j, h in running if (c := h.poll()) is not None]
+                    if not finished:
+                        time.sleep(self.poll_s)
+                for job, handle, code in finished:
+                    running.remove((job, handle))
+                    again = self._finish(job, handle, code, running)
+                    if again is not None:
+                        running.append((job, again))
+        except (KeyboardInterrupt, Interrupted):
+            self.stopping = True
+            n = _stop(running)
+            raise Interrupted(
+                f"interrupted: {n} running trial(s) stopped with a checkpoint; rerun the same command to "
+                "continue the study (they continue where they stopped)"
+            ) from None
+
+    def _start(self, job: Job, t0: float):
+        from mars.train.runlock import LOCK_FILE
+
+        if job.resume and is_locked(job.run_dir / LOCK_FILE):  # the process of its dead driver still saves
+            self.say(f"{job.label}: waiting for the process that ran it to stop (it is saving a checkpoint)")
+            while is_locked(job.run_dir / LOCK_FILE):
+                time.sleep(max(self.poll_s, 0.5))
+        job.attempts += 1
+        job.started = time.time()
+        handle = self.launcher.start(job)
+        job.overhead_s += time.perf_counter() - t0
+        job.extra["launched"] = time.perf_counter()
+        self.say(f"{job.label}: started{' (resuming)' if job.resume else ''} -> {job.run_dir}")
+        return handle
+
+    def _finish(self, job: Job, handle, code: int, running: list):
+        t0 = time.perf_counter()
+        process_s = t0 - job.extra["launched"]
+        job.extra["process_s"] = job.extra.get("process_s", 0.0) + process_s
+        result = read_result(job.run_dir, self.metric, self.study.spec["metric"]["summary"], job.started)
+        if result == "preempted" and not self.stopping and job.attempts < MAX_ATTEMPTS:
+            job.resume = True
+            self.say(f"{job.label}: preempted; continuing it")
+            return self._start(job, t0)
+        if not isinstance(result, Result):
+            n = _stop(running)
+            log = getattr(handle, "log", job.run_dir / LAUNCH_LOG)
+            line = _last_error(Path(log))
+            stopped = f"; {n} other running trial(s) stopped with a checkpoint" if n else ""
+            raise StudyError(
+                f"trial {job.label} ({job.run_dir}) failed with exit status {code}: {result}"
+                f"{f' [{line}]' if line else ''}; its log: {log}{stopped}. Fix the cause and rerun the same "
+                "command: the study resumes, rerunning this trial in its own dir"
+            )
+        st, number = job.study, job.trial.number
+        result_attrs = {
+            "status": result.status,
+            "message": result.message,
+            "tokens": result.tokens,
+            "train_s": result.train_s,
+            "process_s": job.extra["process_s"],
+            "attempts": job.attempts,
+        }
+        result_attrs["overhead_s"] = job.overhead_s + time.perf_counter() - t0  # its tell (next) not counted
+        self._set_attrs(st, number, {"result": result_attrs})
+        st.tell(number, result.value)
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in job.trial.params.items())
+        what = f"{self.metric.key} {result.value:.4f}" if result.status == "completed" else "diverged"
+        self.say(f"{job.label}: {what} ({shown}) in {process_s:.0f} s")
+        return None
+
+    def done(self) -> bool:
+        for arm in self.study.arms:
+            state = self.arm_state(arm)
+            if state.plan is None or len(state.final) < len(state.plan):
+                return False
+            if any(t.state == "RUNNING" for t in state.final + state.search):
+                return False
+        return True
+
+
+def records_of_one(st, number: int, arm: str, rnd: Round) -> TrialRecord:
+    return [r for r in records_of(st, arm, "search", rnd.number, rnd.offset) if r.number == number][0]
+
+
+def _stop(running: list) -> int:
+    """SIGTERM every running trial (each saves a checkpoint) and wait for them; how many there were."""
+    for _, handle in running:
+        handle.terminate()
+    for _, handle in running:
+        handle.wait()
+    return len(running)
+
+
+def _raise_interrupt(signum, frame):
+    raise Interrupted("SIGTERM")
+
+
+def _last_error(log: Path) -> str:
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [""])[-1][:300]
+
+
+def _short(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else str(v)

@@ -1,0 +1,338 @@
+"""The study spec: configs/study/NAME.yaml, chosen with `study=NAME`, its schema and its checks.
+
+    python scripts/study.py study=micro [study.KEY=VALUE ...] [TRAINING OVERRIDES ...]
+
+The spec is composed with Hydra's compose API against the dataclass schema below (registered as
+schema/study, which each configs/study/*.yaml extends), so a misspelt key or a wrong type is refused
+when it is composed. Command-line arguments that are not study=/study.* are training overrides,
+added to the spec's `base` (e.g. `model=llama_tiny` runs the study on LLaMA). `check_spec` then
+refuses every value that cannot work, one line each, naming the key and the fix:
+
+    name          the study's name (W&B group; the storage's study names start with it)
+    dir           the study dir (default studies/NAME): the trials' run dirs, the storage, the report
+    storage       an optuna storage URL (default sqlite:///DIR/study.db); an RDB URL (postgresql://...)
+                  lets several drivers, on machines that share the study dir, run one study
+    base          training overrides every trial gets: model, data, the budget (train.max_steps) ...
+    arms          NAME: {overrides: training overrides of this arm (optimizer=..., experiment=...),
+                  search: its search space (mars.study.space), trials: its budget (default: trials)}
+    baseline      the arm the others are compared with (default: the first)
+    trials        search trials per arm (equal for every arm unless an arm sets its own)
+    search_seed   train.seed of every search trial
+    sampler       name: sobol (scrambled Sobol quasi-random, as AlgoPerf), random or tpe; seed;
+                  startup_trials (tpe: random trials before it models; default optuna's)
+    metric        key (any metrics.jsonl key; val/loss), direction (lower / higher; default by the key's
+                  name, mars.analysis.metric), summary (final or best value of the run)
+    edges         fraction, tolerance: the edge rule (mars.analysis.edges)
+    auto_extend   rounds (0: off), trials: an arm whose best sits at a bound gets `trials` more, in the
+                  range widened there (mars.study.extend), up to `rounds` times
+    final         top_k, seeds: the top_k configs of each arm rerun with these seeds, shared by all arms
+    launcher      name (local / submitit), n_jobs (trials at a time), gpus_per_job (local: GPUs of
+                  its own per trial, as launch.gpus_per_job), command (what runs a trial; default
+                  python -m mars.train), submitit (the executor's parameters: cluster, timeout_min,
+                  slurm_partition, gpus_per_node, ...)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from mars.study.errors import StudyError
+from mars.study.space import Dist, parse_space
+
+SAMPLERS = ("sobol", "random", "tpe")
+SUMMARIES = ("final", "best")
+LAUNCHERS = ("local", "submitit")
+# training keys the study sets itself: a spec that sets them is refused
+RESERVED = ("train.seed", "train.data_seed", "train.resume", "train.overwrite")
+# spec keys that may change between runs of one study (how it runs, not what it finds)
+OPERATIONAL = ("dir", "storage", "launcher")
+
+
+@dataclass
+class ArmSpec:
+    overrides: list[str] = field(default_factory=list)
+    search: dict[str, Any] = field(default_factory=dict)
+    trials: int | None = None
+
+
+@dataclass
+class SamplerSpec:
+    name: str = "sobol"
+    seed: int = 0
+    startup_trials: int | None = None
+
+
+@dataclass
+class MetricSpec:
+    key: str = "val/loss"
+    direction: str | None = None
+    summary: str = "final"
+
+
+@dataclass
+class EdgeSpec:
+    fraction: float = 0.1
+    tolerance: float = 0.0
+
+
+@dataclass
+class ExtendSpec:
+    rounds: int = 0
+    trials: int = 4
+
+
+@dataclass
+class FinalSpec:
+    top_k: int = 1
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+
+
+@dataclass
+class LauncherSpec:
+    name: str = "local"
+    n_jobs: int = 1
+    gpus_per_job: int = 0
+    command: list[str] | None = None
+    submitit: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StudySpec:
+    name: str = MISSING
+    dir: str | None = None
+    storage: str | None = None
+    base: list[str] = field(default_factory=list)
+    arms: dict[str, ArmSpec] = field(default_factory=dict)
+    baseline: str | None = None
+    trials: int = 12
+    search_seed: int = 0
+    sampler: SamplerSpec = field(default_factory=SamplerSpec)
+    metric: MetricSpec = field(default_factory=MetricSpec)
+    edges: EdgeSpec = field(default_factory=EdgeSpec)
+    auto_extend: ExtendSpec = field(default_factory=ExtendSpec)
+    final: FinalSpec = field(default_factory=FinalSpec)
+    launcher: LauncherSpec = field(default_factory=LauncherSpec)
+
+
+PRIMARY = "mars_study"
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(group="schema", name="study", node=StudySpec)
+    store.store(name=PRIMARY, node={"defaults": [{"study": MISSING}, "_self_"]})
+
+
+def is_study_override(arg: str) -> bool:
+    key = arg.lstrip("+~").split("=", 1)[0]
+    return key == "study" or key.startswith("study.")
+
+
+def compose_spec(args: list[str]) -> dict:
+    """The spec `study=NAME study.KEY=VALUE ...` composes to (a plain dict), the other arguments added to
+    its base; StudyError with Hydra's message as one line."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from mars.entry import is_composition_error, one_line
+    from mars.train.config import config_dir, register_configs
+
+    study_args = [a for a in args if is_study_override(a)]
+    training = [a for a in args if not is_study_override(a)]
+    if not any(a.split("=", 1)[0] == "study" for a in study_args):
+        names = sorted(p.stem for p in Path(config_dir(), "study").glob("*.yaml"))
+        raise StudyError(
+            f"choose a study spec: study=NAME (configs/study/ holds {', '.join(names) or 'none'})"
+        )
+    register_configs()
+    register()
+    try:
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3", job_name="study"):
+            cfg = compose(config_name=PRIMARY, overrides=study_args)
+        spec = OmegaConf.to_container(cfg.study, resolve=True, throw_on_missing=True)
+    except Exception as e:
+        if is_composition_error(e):
+            raise StudyError(_with_keys(one_line(e))) from None
+        raise
+    spec["base"] = [*spec["base"], *training]
+    return spec
+
+
+def _with_keys(message: str) -> str:
+    """A key the spec's schema has not: add the keys that node does have."""
+    import dataclasses
+    import re
+
+    m = re.search(r"Key '[^']+' not in '(\w+Spec)'", message)
+    schemas = {c.__name__: c for c in (StudySpec, ArmSpec, SamplerSpec, MetricSpec, EdgeSpec, ExtendSpec,
+                                       FinalSpec, LauncherSpec)}  # fmt: skip
+    if m is None or m.group(1) not in schemas:
+        return message
+    return f"{message}; its keys: {', '.join(f.name for f in dataclasses.fields(schemas[m.group(1)]))}"
+
+
+# ----------------------------------------------------------------------------- the checked spec
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    overrides: tuple[str, ...]
+    space: dict[str, Dist]
+    trials: int
+
+
+@dataclass
+class Study:
+    """The spec, checked: what the driver runs."""
+
+    spec: dict  # the composed spec (plain data), as saved in STUDY_DIR/spec.yaml
+    name: str
+    dir: Path
+    storage: str
+    base: tuple[str, ...]
+    arms: list[Arm]
+    baseline: str
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.arms if a.name == name)
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.spec["final"]["seeds"])
+
+
+def _key(arg: str) -> str:
+    return arg.lstrip("+~").split("=", 1)[0]
+
+
+def _check_overrides(overrides: list[str], where: str) -> None:
+    for arg in overrides:
+        if not isinstance(arg, str) or "=" not in arg:
+            raise StudyError(f"{where}: {arg!r} is not a training override KEY=VALUE (or GROUP=OPTION)")
+        key = _key(arg)
+        if key in RESERVED:
+            raise StudyError(
+                f"{where} sets {key}, which the study chooses itself (study.search_seed for the search, "
+                "study.final.seeds for the finals; resume is automatic): drop it"
+            )
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            raise StudyError(
+                f"{where} sets {key}: each trial's run dir is chosen by the study (study.dir); drop it"
+            )
+
+
+def _at_least(where: str, value: Any, minimum: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < minimum:
+        raise StudyError(f"{where}={value!r} must be a number >= {minimum}")
+
+
+def check_spec(spec: dict) -> Study:
+    """Every spec value that cannot work, as one StudyError; else the Study the driver runs."""
+    name = spec["name"]
+    if not name or any(c in str(name) for c in "/\\:") or str(name) != str(name).strip():
+        raise StudyError(f"study.name={name!r} must be a plain name (no / \\ : or spaces around it)")
+    _check_overrides(spec["base"], "study.base (or the command line)")
+    arms_spec = spec["arms"]
+    if not arms_spec:
+        raise StudyError(
+            "study.arms is empty: give at least one arm, e.g. study.arms.adamw.overrides=[optimizer=adamw]"
+        )
+    _at_least("study.trials", spec["trials"], 1)
+    arms = []
+    for arm_name, arm in arms_spec.items():
+        where = f"study.arms.{arm_name}"
+        if any(c in str(arm_name) for c in "/\\:") or not str(arm_name).strip():
+            raise StudyError(f"{where}: an arm's name must be a plain name (it names dirs)")
+        _check_overrides(arm["overrides"], f"{where}.overrides")
+        space = parse_space(arm["search"] or {}, f"{where}.search")
+        for arg in [*spec["base"], *arm["overrides"]]:
+            if _key(arg) in space:
+                raise StudyError(
+                    f"{where}.search searches {_key(arg)}, which {arg!r} also fixes: drop one of them"
+                )
+        trials = spec["trials"] if arm["trials"] is None else arm["trials"]
+        _at_least(f"{where}.trials", trials, 1)
+        arms.append(Arm(str(arm_name), tuple(arm["overrides"]), space, int(trials)))
+    baseline = spec["baseline"] if spec["baseline"] is not None else arms[0].name
+    if baseline not in arms_spec:
+        raise StudyError(f"study.baseline={baseline!r} is not an arm ({', '.join(arms_spec)})")
+    sampler = spec["sampler"]
+    if sampler["name"] not in SAMPLERS:
+        raise StudyError(f"study.sampler.name={sampler['name']!r} is not one of {', '.join(SAMPLERS)}")
+    if sampler["startup_trials"] is not None:
+        _at_least("study.sampler.startup_trials", sampler["startup_trials"], 0)
+    metric = spec["metric"]
+    if not metric["key"] or str(metric["key"]).strip() != metric["key"]:
+        raise StudyError(f"study.metric.key={metric['key']!r} is not a metrics.jsonl key (e.g. val/loss)")
+    if metric["direction"] not in (None, "lower", "higher"):
+        raise StudyError(
+            f"study.metric.direction={metric['direction']!r} is not lower, higher or null (by name)"
+        )
+    if metric["summary"] not in SUMMARIES:
+        raise StudyError(f"study.metric.summary={metric['summary']!r} is not one of {', '.join(SUMMARIES)}")
+    edges = spec["edges"]
+    if not (isinstance(edges["fraction"], (int, float)) and 0 < edges["fraction"] < 0.5):
+        raise StudyError(f"study.edges.fraction={edges['fraction']!r} must lie in (0, 0.5) (e.g. 0.1)")
+    _at_least("study.edges.tolerance", edges["tolerance"], 0)
+    _at_least("study.auto_extend.rounds", spec["auto_extend"]["rounds"], 0)
+    _at_least("study.auto_extend.trials", spec["auto_extend"]["trials"], 1)
+    final = spec["final"]
+    _at_least("study.final.top_k", final["top_k"], 1)
+    seeds = final["seeds"]
+    if not seeds or len(set(seeds)) < len(seeds):
+        raise StudyError(
+            f"study.final.seeds={seeds} must be a non-empty list of distinct seeds (e.g. [1, 2, 3])"
+        )
+    launcher = spec["launcher"]
+    if launcher["name"] not in LAUNCHERS:
+        raise StudyError(f"study.launcher.name={launcher['name']!r} is not one of {', '.join(LAUNCHERS)}")
+    _at_least("study.launcher.n_jobs", launcher["n_jobs"], 1)
+    _at_least("study.launcher.gpus_per_job", launcher["gpus_per_job"], 0)
+    if launcher["command"] is not None and not launcher["command"]:
+        raise StudyError("study.launcher.command is empty: give the command that runs a trial, or null")
+    directory = Path(spec["dir"] or Path("studies") / str(name)).expanduser().absolute()
+    from mars.study.storage import default_storage
+
+    storage = spec["storage"] or default_storage(directory)
+    return Study(spec, str(name), directory, storage, tuple(spec["base"]), arms, str(baseline))
+
+
+def identity(spec: dict) -> dict:
+    """The part of a spec that decides what the study finds (everything but OPERATIONAL keys)."""
+    return {k: v for k, v in spec.items() if k not in OPERATIONAL}
+
+
+def differences(old: dict, new: dict, prefix: str = "study") -> list[str]:
+    """Dotted keys where two specs differ, with both values."""
+    out = []
+    for k in sorted(set(old) | set(new), key=str):
+        a, b = old.get(k, "<absent>"), new.get(k, "<absent>")
+        where = f"{prefix}.{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, where)
+        elif (
+            isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in a + b) and a != b
+        ):
+            gone, added = [x for x in a if x not in b], [x for x in b if x not in a]
+            change = [*(f"-{x}" for x in gone), *(f"+{x}" for x in added)]
+            out.append(f"{where}: {' '.join(change) or 'the same items in another order'} now")
+        elif not _same(a, b):
+            out.append(f"{where}: {a!r} then, {b!r} now")
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+        except (TypeError, ValueError):
+            return False
+    return a == b

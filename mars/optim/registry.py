@@ -82,8 +82,8 @@ def register(
 
         raise RegistrationError(
             f"register({name!r}): {qualified_name(config)} has no validate() method; give it one that raises "
-            "ValueError naming the bad optimizer.KEY (subclass mars.optim.config.OptimizerConfig and list value_checks), "
-            "or `def validate(self): pass` to check nothing"
+            "ValueError naming the bad optimizer.KEY (subclass mars.optim.config.OptimizerConfig and "
+            "list its value_checks), or `def validate(self): pass` to check nothing"
         )
     keywords = inspect.signature(optimizer).parameters
     missing = [k for k in [*field_names[1:], *(fixed or {})] if k not in keywords and k not in trainer_keys]

@@ -88,6 +88,19 @@ def choice(key: str, value: Any, allowed: Iterable[str], what: str = "") -> None
         fail(key, value, f"is not one of {', '.join(allowed)}{what}")
 
 
+def flag(key: str, value: Any) -> None:
+    """True or False (not 0, 1 or text)."""
+    if not isinstance(value, bool):
+        fail(key, value, "must be True or False")
+
+
+def whole(key: str, value: Any, minimum: int = 1) -> None:
+    """A whole number >= minimum (steps, counts): at_least, and an int."""
+    at_least(key, value, minimum)
+    if not isinstance(value, int):
+        fail(key, value, "must be a whole number")
+
+
 def multiple_of(key: str, value: int, of_key: str, of_value: int) -> None:
     """A multiple of another key's value (model.n_embd of model.n_head)."""
     if value % of_value:

@@ -29,31 +29,26 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mars.model import GPT, GPTConfig  # noqa: E402
-from mars.optim import Muon, build_optimizer, state_bytes  # noqa: E402
+from mars.optim import Muon, build_optimizer, registered, state_bytes  # noqa: E402
 
-# name -> (config overrides, description); configs are the reference GPT-2 small ones (configs/optimizer).
+# name -> (config overrides, description): each optimizer with its config's defaults (the reference
+# GPT-2 small values, mars.optim's config dataclasses) and the row's own option.
 ROWS = {
-    "adamw_fused": (
-        {"name": "adamw", "lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1, "fused": True},
-        "torch AdamW(fused=True)",
-    ),
-    "lion": ({"name": "lion", "lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 1.0}, "Lion"),
-    "mars_adamw": ({"name": "mars_adamw", "lr": 6e-3}, "MARS-AdamW approx"),
+    "adamw_fused": ({"name": "adamw", "fused": True}, "torch AdamW(fused=True)"),
+    "lion": ({"name": "lion"}, "Lion"),
+    "mars_adamw": ({"name": "mars_adamw"}, "MARS-AdamW approx"),
     "mars_adamw_diagnostics": (
-        {"name": "mars_adamw", "lr": 6e-3, "diagnostics": True},
+        {"name": "mars_adamw", "diagnostics": True},
         "MARS-AdamW approx with optimizer.diagnostics=true (the cost of the diagnostics)",
     ),
-    "mars_adamw_foreach": (
-        {"name": "mars_adamw", "lr": 6e-3, "fused": False},
-        "MARS-AdamW, multi-tensor path",
-    ),
-    "mars_lion": ({"name": "mars_lion", "lr": 6e-3}, "MARS-Lion approx"),
-    "mars_lion_foreach": ({"name": "mars_lion", "lr": 6e-3, "fused": False}, "MARS-Lion, multi-tensor path"),
-    "muon": ({"name": "muon", "lr": 0.02, "weight_decay": 0.0}, "Muon (embeddings/head/1-D on AdamW)"),
+    "mars_adamw_foreach": ({"name": "mars_adamw", "fused": False}, "MARS-AdamW, multi-tensor path"),
+    "mars_lion": ({"name": "mars_lion"}, "MARS-Lion approx"),
+    "mars_lion_foreach": ({"name": "mars_lion", "fused": False}, "MARS-Lion, multi-tensor path"),
+    "muon": ({"name": "muon"}, "Muon (embeddings/head/1-D on AdamW)"),
     "muon_same_tensors": (None, "Muon on every matrix incl. embeddings"),
-    "mars_shampoo": ({"name": "mars_shampoo", "lr": 6e-3}, "MARS-Shampoo approx"),
-    "moonlight": ({"name": "moonlight", "lr": 6e-3, "weight_decay": 0.1, "nesterov": False}, "Moonlight"),
-    "mars_m": ({"name": "mars_m", "lr": 6e-3, "weight_decay": 0.01}, "MARS-M approx"),
+    "mars_shampoo": ({"name": "mars_shampoo"}, "MARS-Shampoo approx"),
+    "moonlight": ({"name": "moonlight"}, "Moonlight"),
+    "mars_m": ({"name": "mars_m"}, "MARS-M approx"),
 }
 BASELINES = {
     "mars_adamw_diagnostics": "mars_adamw",
@@ -69,7 +64,8 @@ def build(name: str, model: nn.Module, process_group=None):
             {"params": [p for p in model.parameters() if p.ndim == 2], "use_muon": True},
             {"params": [p for p in model.parameters() if p.ndim != 2], "use_muon": False},
         ]
-        return Muon(groups, lr=0.02, process_group=process_group)
+        muon = registered("muon")
+        return Muon(groups, **muon.keywords(muon.config()), process_group=process_group)
     # the optimizer's own defaults for the keys not given
     return build_optimizer(model, overrides, process_group=process_group)
 
@@ -210,7 +206,7 @@ def _model(n_layer: int, shard=None):
 
 def _random_grads(model) -> None:
     """The same gradients on every rank (and in the W=1 run): drawn whole, sliced for DTensor shards."""
-    from mars.model.io import copy_full_
+    from mars.model.lm import copy_full_
 
     gen = torch.Generator().manual_seed(1)
     for p in model.parameters():

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 from mars.checkpoint import CheckpointError
+from mars.checkpoint.export import export_hf
 from mars.data.errors import DataError
 from mars.entry import EXIT_FAILED, EXIT_USAGE, ArgumentParser
 from mars.files import nearest_existing, try_create_dir_in
-from mars.model.hf import export_hf
 from mars.plugins import PluginError, load_plugins
 
 

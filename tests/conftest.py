@@ -49,8 +49,7 @@ def restore_logging():
 def make_model():
     """GPT factory (tests/model, tests/checkpoint); every parameter (biases and LayerNorms included)
     randomised, so a mapping that drops or mixes up any tensor shows up in the outputs."""
-    from mars.model.config import GPTConfig
-    from mars.model.gpt import GPT
+    from mars.model.gpt import GPT, GPTConfig
 
     def make(**overrides):
         cfg = GPTConfig(**{"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 128,

@@ -75,8 +75,7 @@ def test_a_plugin_that_cannot_be_imported_is_one_line_naming_it(fresh, monkeypat
 TAKEOVERS = {
     "arch": """
 import dataclasses
-from mars.model.gpt import GPT
-from mars.model.config import GPTConfig as Base
+from mars.model.gpt import GPT, GPTConfig as Base
 from mars.model.spec import arch, register_arch
 
 @dataclasses.dataclass
@@ -119,7 +118,7 @@ register_metric("weights/rms", weights_rms)
 NAMED = {
     "arch": (
         "architecture 'gpt2'",
-        "mars.model.config.GPTConfig, mars.model.gpt.GPT) by mars.model.config, mars.model.gpt",
+        "mars.model.gpt.GPTConfig, mars.model.gpt.GPT) by mars.model.gpt",
         "plugin_a.GPTConfig, plugin_a.MyGPT",
     ),
     "optimizer": ("optimizer 'adamw'", "mars.optim.adamw.adamw) by mars.optim.adamw", "plugin_a.my_adamw"),

@@ -1,15 +1,17 @@
 """mars.checkpoint: the one owner of the checkpoint layout (what a step directory holds, where it lives).
 
-layout.py   names and discovery: RUN_DIR/ckpt/step_XXXXXXXX, meta.json, finding the latest / a given one
-files.py    the full-disk error and load-error reasons (durable writing: mars.files)
-save.py     the atomic save protocol (full and sharded formats) and rotation that keeps the last healthy one
+layout.py    names and discovery: RUN_DIR/ckpt/step_XXXXXXXX, meta.json, finding the latest / a given one
+files.py     the full-disk error and load-error reasons (durable writing: mars.files)
+model_dir.py model.safetensors + model.json: a model written and read back, checked against its architecture
+save.py      the atomic save protocol (full and sharded formats) and rotation that keeps the last healthy one
 checksums.py checksums.json: every file's size and XXH3-128, written before the marker, verified on load
-load.py     verifying a checkpoint before a run relies on it; loading its model in either format
-sharded.py  torch.distributed.checkpoint (DCP) files for FSDP2, read without unpickling code
-state.py    train_state.pt (weights_only-safe) and RNG capture
+load.py      verifying a checkpoint before a run relies on it; loading its model in either format
+sharded.py   torch.distributed.checkpoint (DCP) files for FSDP2, read without unpickling code
+state.py     train_state.pt (weights_only-safe) and RNG capture
+export.py    a checkpoint as a Hugging Face model directory
 
-Submodules load on first attribute access (mars.model.io imports the layout names without torch's
-distributed checkpoint machinery).
+Submodules load on first attribute access (the layout names come without torch's distributed
+checkpoint machinery).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from mars.checkpoint.layout import (
 
 _LAZY = {
     "DiskFullError": "mars.checkpoint.files",
+    "export_hf": "mars.checkpoint.export",
     "save_checkpoint": "mars.checkpoint.save",
     "rotate": "mars.checkpoint.save",
     "is_healthy": "mars.checkpoint.save",

@@ -97,7 +97,8 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path | None:
 
 def find_checkpoint(path: str | os.PathLike) -> Path:
     """Resolve what a user names (a run dir, RUN_DIR/ckpt, a step dir, a model dir written by
-    mars.model.io.save_model, or its model.safetensors) to the directory to load; raise with a hint."""
+    mars.checkpoint.model_dir.save_model, or its model.safetensors) to the directory to load; raise
+    with a hint."""
     p = Path(path)
     if not p.exists():
         raise CheckpointNotFoundError(f"{p} does not exist: {USAGE}")

@@ -24,8 +24,11 @@ from mars.checkpoint.layout import (
     read_json_object,
     read_meta,
 )
+from mars.checkpoint.model_dir import load_weights, read_model_config, read_weights, saved_arch, tied_aliases
 from mars.checkpoint.state import load_train_state
 from mars.checks import get
+from mars.model.lm import unwrap_model
+from mars.model.spec import arch_of, spec_for
 
 MODEL_PREFIX = "model."
 
@@ -47,9 +50,6 @@ def read_run_config(step_dir: str | os.PathLike) -> dict:
 def check_model_shape(step_dir: str | os.PathLike, model_cfg: Any) -> None:
     """CheckpointMismatchError when the checkpoint's model.json holds another architecture, or disagrees
     with the config on a key of the architecture's spec.shape_keys."""
-    from mars.model.io import saved_arch
-    from mars.model.spec import arch_of, spec_for
-
     path = Path(step_dir) / MODEL_CONFIG
     saved = read_json_object(path)
     saved = saved.get("config", saved)  # tolerate a {"config": {...}} wrapper
@@ -79,8 +79,6 @@ def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
     are readable and finite (format full) or every shard file the index lists is present and long
     enough (format sharded); train_state.pt loads with weights_only=True.
     """
-    from mars.model.io import read_model_config, read_weights
-
     step_dir = Path(step_dir)
     meta = read_meta(step_dir)
     checksums.verify(step_dir, meta)
@@ -96,8 +94,6 @@ def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
 
 def model_templates(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors keyed as in a sharded checkpoint ("model.FQN"; a tied head stored once)."""
-    from mars.model.io import tied_aliases, unwrap_model
-
     aliases = tied_aliases(model)
     return {f"{MODEL_PREFIX}{k}": v for k, v in unwrap_model(model).state_dict().items() if k not in aliases}
 
@@ -106,8 +102,6 @@ def model_templates(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def load_model_state(model: torch.nn.Module, step_dir: str | os.PathLike) -> None:
     """Load a checkpoint's weights into `model` (plain or FSDP2-sharded), from either format.
     Collective when the checkpoint is sharded and torch.distributed is initialised."""
-    from mars.model.io import load_weights, tied_aliases, unwrap_model
-
     step_dir = Path(step_dir)
     if checkpoint_format(step_dir) == "full":
         load_weights(model, step_dir)
@@ -145,9 +139,6 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     Returns (model, info): info holds meta.json (when present), "config": the run's config.yaml as a
     dict (when present), and "path": the checkpoint directory that was loaded.
     """
-    from mars.model.io import read_model_config
-    from mars.model.spec import spec_for
-
     ckpt = find_checkpoint(path)
     if (ckpt / META).is_file():  # a checkpoint (a bare model dir of save_model has no checksums)
         checksums.verify(ckpt, read_meta(ckpt), only=_model_file)

@@ -36,6 +36,7 @@ from mars.checkpoint.layout import (
     read_meta,
     step_dirname,
 )
+from mars.checkpoint.model_dir import save_model, save_model_config
 from mars.files import fsync_dir, fsync_file, fsync_tree, write_atomic
 
 
@@ -97,8 +98,6 @@ def save_checkpoint(
     tensors to write through DCP (the model's and the optimizer's DTensors); `model` only supplies
     model.json. train_state (plain data) and meta are rank 0's.
     """
-    from mars.model.io import save_model, save_model_config
-
     collective = sharded is not None
     if not weights_finite(model):
         raise FloatingPointError(f"refusing to checkpoint non-finite weights at step {step}")

@@ -116,7 +116,8 @@ def as_hf_model(model: torch.nn.Module, tokenizer=None):
 
     if isinstance(model, PreTrainedModel):
         return model
-    from mars.model.hf import scale_is_honoured, to_hf
+    from mars.model.hf import to_hf
+    from mars.model.hf_gpt2 import scale_is_honoured
 
     # transformers releases that drop scale_attn_by_inverse_layer_idx under SDPA get eager attention
     scaled = getattr(model.config, "scale_attn_by_inverse_layer_idx", False)

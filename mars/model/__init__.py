@@ -1,9 +1,8 @@
-"""mars.model: the architectures (spec: the registry of `model.arch`; gpt: GPT-2; llama: LLaMA-style),
-checkpoints (io), FLOPs/MFU (flops) and Hugging Face interop (hf, hf_llama; imported on demand: they
-load transformers)."""
+"""mars.model: the architectures (spec: the registry of `model.arch`; gpt: GPT-2; llama: LLaMA-style; lm:
+what they share), MFU (flops) and Hugging Face interop (hf, with one adapter per architecture: hf_gpt2,
+hf_llama; imported on demand: they load transformers). Model files on disk: mars.checkpoint.model_dir."""
 
-from mars.model.config import PRESETS, GPTConfig
-from mars.model.gpt import GPT
+from mars.model.gpt import GPT, PRESETS, GPTConfig
 from mars.model.llama import Llama, LlamaConfig
 from mars.model.spec import ModelSpec, arch, arch_names, model_config, register_arch, spec_of
 

@@ -1,12 +1,13 @@
-"""Training FLOPs per token and model FLOPs utilisation (MFU); GPT-2's counts (other architectures
-give theirs in their spec: mars.model.spec, e.g. mars.model.llama.flops_per_token).
+"""Model FLOPs utilisation (MFU): achieved training FLOP/s against the device's peak.
 
-flops_per_token counts the matmuls of one forward + backward pass (backward = 2x forward), as
-in the PaLM paper's appendix B and nanoGPT's estimate_mfu:
+Each architecture counts its own training FLOPs per token (its spec's flops_per_token: e.g.
+mars.model.gpt.flops_per_token, mars.model.llama.flops_per_token), all in one convention: the matmuls
+of one forward + backward pass (backward = 2x forward), as in the PaLM paper's appendix B and
+nanoGPT's estimate_mfu:
 
     6 * N_matmul + 12 * n_layer * n_embd * seq_len
 
-N_matmul = the transformer blocks' weights + the lm_head matrix (n_embd x vocab_size; the
+N_matmul = the transformer blocks' weights + the output head matrix (n_embd x vocab_size; the
 embedding lookups are not matmuls); the second term is the attention scores (q k^T) and the
 weighted sum of values, counted for the full T x T square as PaLM does (no causal discount).
 """
@@ -16,8 +17,6 @@ from __future__ import annotations
 import os
 
 import torch
-
-from mars.model.config import GPTConfig
 
 PEAK_FLOPS_ENV = "MARS_PEAK_FLOPS"
 
@@ -31,31 +30,6 @@ PEAK_FLOPS_BF16: tuple[tuple[str, float], ...] = (
     ("H100", 989e12),  # SXM / HBM3
     ("H200", 989e12),
 )
-
-
-def block_params(cfg: GPTConfig) -> int:
-    """Parameters of one transformer block (weights, plus biases and LayerNorm shifts if bias)."""
-    C, b = cfg.n_embd, int(cfg.bias)
-    attn = C * 3 * C + b * 3 * C + C * C + b * C
-    mlp = C * 4 * C + b * 4 * C + 4 * C * C + b * C
-    norms = 2 * (C + b * C)
-    return attn + mlp + norms
-
-
-def count_params(cfg: GPTConfig, non_embedding: bool = True) -> int:
-    """GPT(cfg).num_params(non_embedding) without building the model."""
-    n = cfg.n_layer * block_params(cfg) + cfg.n_embd * (1 + int(cfg.bias))  # blocks + ln_f
-    if not non_embedding:
-        n += cfg.vocab_size * cfg.n_embd + cfg.block_size * cfg.n_embd  # wte (= lm_head) + wpe
-    return n
-
-
-def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> float:
-    """Training (forward + backward) FLOPs per token at sequence length seq_len (default block_size)."""
-    T = cfg.block_size if seq_len is None else seq_len
-    C = cfg.n_embd
-    n_matmul = cfg.n_layer * 12 * C * C + C * cfg.vocab_size  # qkv 3C^2, proj C^2, mlp 8C^2; lm_head
-    return float(6 * n_matmul + 12 * cfg.n_layer * C * T)
 
 
 def peak_flops(device: torch.device | str | None = None, override: float | None = None) -> float | None:

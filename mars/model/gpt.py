@@ -1,4 +1,5 @@
-"""GPT-2 with the options of the reference runs (docs/algorithms.md section 6).
+"""GPT-2 (`model.arch=gpt2`) with the options of the reference runs (docs/algorithms.md section 6): its
+config and size presets, the model, its parameter and FLOPs counts, and its spec.
 
 Parameter names follow nanoGPT (and therefore Hugging Face's GPT2LMHeadModel):
 ``transformer.wte``, ``transformer.wpe``, ``transformer.h.{i}.{ln_1,attn.c_attn,attn.c_proj,ln_2,
@@ -9,20 +10,60 @@ The MLP's GELU is GPT-2's tanh approximation unless ``config.activation`` says "
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from mars.checks import at_least, choice, fraction, multiple_of
-from mars.model.config import ACTIVATIONS, GPTConfig
 from mars.model.lm import CausalLM, normal_, token_loss
+from mars.model.spec import ModelSpec, register_arch, roles_by_name
+
+# The MLP activation. "gelu_tanh": GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+# as in the original GPT-2, the reference runs (docs/algorithms.md section 6) and Hugging Face's
+# "gelu_new". "gelu": the exact erf form, for models trained with it.
+ACTIVATIONS = ("gelu_tanh", "gelu")
+
+
+@dataclass
+class GPTConfig:
+    """Field names are the `model.*` config keys and GPT's constructor arguments."""
+
+    arch: str = "gpt2"  # model.arch: the architecture (mars.model.spec)
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    bias: bool = False
+    dropout: float = 0.0
+    scale_attn_by_inverse_layer_idx: bool = True
+    activation: str = "gelu_tanh"  # gelu_tanh (GPT-2's, the reference's) | gelu (exact erf)
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # a few million non-embedding parameters: CPU runs in minutes
+    "gpt2_tiny": GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=256),
+    "gpt2_small": GPTConfig(n_layer=12, n_head=12, n_embd=768),
+    "gpt2_medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024),
+    "gpt2_large": GPTConfig(n_layer=36, n_head=20, n_embd=1280),
+    "gpt2_xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600),
+}
+
+
+def validate_config(c: GPTConfig) -> None:
+    """One ValueError per value that cannot build a GPT, naming the key."""
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        at_least(f"model.{key}", getattr(c, key), 1)
+    multiple_of("model.n_embd", c.n_embd, "model.n_head", c.n_head)
+    fraction("model.dropout", c.dropout)
+    choice("model.activation", c.activation, ACTIVATIONS)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
-        multiple_of("n_embd", config.n_embd, "n_head", config.n_head)
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -49,7 +90,6 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        choice("activation", config.activation, ACTIVATIONS)
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         # gelu_tanh: GPT-2's tanh approximation (Hugging Face "gelu_new"); gelu: the exact erf form
         self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
@@ -76,6 +116,7 @@ class Block(nn.Module):
 class GPT(CausalLM):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        validate_config(config)
         self.config = config
         self.transformer = nn.ModuleDict(
             dict(
@@ -140,58 +181,71 @@ class GPT(CausalLM):
         return logits, None if targets is None else token_loss(logits, targets)
 
 
-# ----------------------------------------------------------------------------- the architecture's spec
+# ----------------------------------------------------------------------------- counts and FLOPs
 
+
+def block_params(cfg: GPTConfig) -> int:
+    """Parameters of one transformer block (weights, plus biases and LayerNorm shifts if bias)."""
+    C, b = cfg.n_embd, int(cfg.bias)
+    attn = C * 3 * C + b * 3 * C + C * C + b * C
+    mlp = C * 4 * C + b * 4 * C + 4 * C * C + b * C
+    norms = 2 * (C + b * C)
+    return attn + mlp + norms
+
+
+def count_params(cfg: GPTConfig, non_embedding: bool = True) -> int:
+    """GPT(cfg).num_params(non_embedding) without building the model."""
+    n = cfg.n_layer * block_params(cfg) + cfg.n_embd * (1 + int(cfg.bias))  # blocks + ln_f
+    if not non_embedding:
+        n += cfg.vocab_size * cfg.n_embd + cfg.block_size * cfg.n_embd  # wte (= lm_head) + wpe
+    return n
+
+
+def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> float:
+    """Training (forward + backward) FLOPs per token at sequence length seq_len (default block_size),
+    in mars.model.flops' convention: 6 x (the blocks' weights + the lm_head matrix; the embedding
+    lookups are not matmuls) + 12 x n_layer x n_embd x T for the attention scores and the weighted
+    values."""
+    T = cfg.block_size if seq_len is None else seq_len
+    C = cfg.n_embd
+    n_matmul = cfg.n_layer * 12 * C * C + C * cfg.vocab_size  # qkv 3C^2, proj C^2, mlp 8C^2; lm_head
+    return float(6 * n_matmul + 12 * cfg.n_layer * C * T)
+
+
+# the presets, by (n_layer, n_head, n_embd), for report labels
 GPT_SIZES = {(4, 4, 256): "tiny", (12, 12, 768): "small", (24, 16, 1024): "medium", (36, 20, 1280): "large",
              (48, 25, 1600): "xl"}  # fmt: skip
 
-
-def validate_config(c: GPTConfig) -> None:
-    """One ValueError per value that cannot build a GPT, naming the key."""
-    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        at_least(f"model.{key}", getattr(c, key), 1)
-    multiple_of("model.n_embd", c.n_embd, "model.n_head", c.n_head)
-    fraction("model.dropout", c.dropout)
-    choice("model.activation", c.activation, ACTIVATIONS)
-
-
-def _register() -> None:
-    from mars.model import flops
-    from mars.model.spec import ModelSpec, register_arch, roles_by_name
-
-    register_arch(
-        ModelSpec(
-            name="gpt2",
-            title="GPT-2",
-            config=GPTConfig,
-            model=GPT,
-            blocks=lambda model: model.transformer.h,
-            flops_per_token=flops.flops_per_token,
-            count_params=flops.count_params,
-            param_roles=lambda model: roles_by_name(
-                model,
-                embeddings=("transformer.wte.weight", "transformer.wpe.weight"),
-                heads=("lm_head.weight",),
-            ),
-            tied=lambda config: {"lm_head.weight": "transformer.wte.weight"},
-            shape_keys=("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias"),
-            fixed_keys=("scale_attn_by_inverse_layer_idx", "activation"),
-            required_keys=(
-                "n_layer",
-                "n_head",
-                "n_embd",
-                "block_size",
-                "vocab_size",
-                "bias",
-                "dropout",
-                "scale_attn_by_inverse_layer_idx",
-            ),  # fmt: skip
-            legacy_values={"activation": "gelu"},  # model.json / run configs written before the field
-            validate=validate_config,
-            sizes=GPT_SIZES,
-            hf_adapter="mars.model.hf",
-        )
+register_arch(
+    ModelSpec(
+        name="gpt2",
+        title="GPT-2",
+        config=GPTConfig,
+        model=GPT,
+        blocks=lambda model: model.transformer.h,
+        flops_per_token=flops_per_token,
+        count_params=count_params,
+        param_roles=lambda model: roles_by_name(
+            model,
+            embeddings=("transformer.wte.weight", "transformer.wpe.weight"),
+            heads=("lm_head.weight",),
+        ),
+        tied=lambda config: {"lm_head.weight": "transformer.wte.weight"},
+        shape_keys=("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias"),
+        fixed_keys=("scale_attn_by_inverse_layer_idx", "activation"),
+        required_keys=(
+            "n_layer",
+            "n_head",
+            "n_embd",
+            "block_size",
+            "vocab_size",
+            "bias",
+            "dropout",
+            "scale_attn_by_inverse_layer_idx",
+        ),  # fmt: skip
+        legacy_values={"activation": "gelu"},  # model.json / run configs written before the field
+        validate=validate_config,
+        sizes=GPT_SIZES,
+        hf_adapter="mars.model.hf_gpt2",
     )
-
-
-_register()
+)

@@ -12,6 +12,7 @@ vocabulary is exported, so logits agree on every id. rope theta is written under
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,8 @@ import torch
 import torch.nn as nn
 
 from mars.files import write_atomic
-from mars.model.io import unwrap_model
 from mars.model.llama import Llama, LlamaConfig, head_dim, kv_heads, mlp_hidden
+from mars.model.lm import unwrap_model
 
 HF_MODEL_TYPE = "llama"
 HF_ARCHITECTURE = "LlamaForCausalLM"
@@ -53,7 +54,9 @@ def hf_config(c: LlamaConfig, attn_implementation: str = "sdpa", eos_token_id: i
         pad_token_id=None,
         architectures=[HF_ARCHITECTURE],
         attn_implementation=attn_implementation,
-        mars_config=c.to_dict(),  # our config, for an exact round trip (checked against the rest on import)
+        mars_config=dataclasses.asdict(
+            c
+        ),  # our config, for an exact round trip (checked against the rest on import)
     )
 
 

@@ -45,11 +45,6 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     tie_embeddings: bool = True  # lm_head uses the token embedding matrix
 
-    def to_dict(self) -> dict:
-        from dataclasses import asdict
-
-        return asdict(self)
-
 
 def kv_heads(c: Any) -> int:
     return c.n_head if c.n_kv_head is None else c.n_kv_head
@@ -283,7 +278,7 @@ def flops_per_token(c: Any, seq_len: int | None = None) -> float:
 LLAMA_SIZES = {(4, 4, 256): "tiny", (12, 12, 768): "124m", (24, 12, 768): "210m", (12, 16, 2048): "720m",
                (32, 24, 1536): "1.2b"}  # fmt: skip
 
-SPEC = register_arch(
+register_arch(
     ModelSpec(
         name="llama",
         title="LLaMA",

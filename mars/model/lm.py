@@ -1,5 +1,6 @@
 """What every architecture's model class shares (GPT, Llama): building on the meta device, the seeded
-initialisation of one tensor, the length check and the token loss.
+initialisation of one tensor, the length check and the token loss; and the model inside DDP and
+torch.compile wrappers, and whole tensors copied into DTensor shards.
 
 An architecture's nn.Module subclasses CausalLM, defines __init__(config), tie_weights() and
 init_weights(generator), and gets `empty` (allocation without initialisation, with a hook for FSDP2
@@ -62,10 +63,32 @@ def normal_(param: torch.Tensor, std: float, generator: torch.Generator | None) 
     from torch.distributed.tensor import DTensor
 
     if isinstance(param, DTensor):
-        from mars.model.io import copy_full_
-
         local = param.to_local()
         full = torch.empty(param.shape, dtype=local.dtype, device=local.device)
         copy_full_(param, full.normal_(0.0, std, generator=generator))
     else:
         param.normal_(0.0, std, generator=generator)
+
+
+def copy_full_(dest: torch.Tensor, full: torch.Tensor) -> None:
+    """dest <- full, where dest may be a DTensor (then only this rank's shard is copied)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(dest, DTensor):
+        piece = distribute_tensor(
+            full.to(dest.dtype), dest.device_mesh, dest.placements, src_data_rank=None
+        ).to_local()
+        dest.to_local().copy_(piece)
+    else:
+        dest.data.copy_(full)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside DistributedDataParallel and/or torch.compile wrappers (FSDP2 wraps in place)."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model

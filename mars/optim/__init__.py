@@ -6,18 +6,23 @@
     Muon        Muon with AdamW for embeddings, head and 1-D tensors                (muon.py)
     Moonlight   the Moonlight form of Muon                                          (muon.py)
     AdamW       torch.optim.AdamW, registered with its config                       (adamw.py)
-    rules       every update rule, written once (c_t, its clip, AdamW, Lion, momenta)   (rules.py)
-    registry    name -> config dataclass + optimizer; build_optimizer(model, cfg)  (registry.py)
-    param_groups                    the reference grouping                              (groups.py)
+    rules       every update rule, written once (c_t, its clip, AdamW, Lion, momenta, the
+                orthogonalised step)                                                  (rules.py)
+    registry    name -> config dataclass + optimizer; build_optimizer(model, cfg),
+                param_groups(model, name): the reference grouping        (registry.py, groups.py)
+    config      each optimizer's value checks, once for its constructor and config; the
+                reference's keyword names; the gamma schedule                          (config.py)
     set_lr_factor, set_gamma        the trainer's schedule hooks                        (scheduled.py)
     keep_lr_1d_ratio                step pre-hook: MARS's lr_1d follows a torch lr_scheduler  (scheduled.py)
     newton_schulz                   batched quintic Newton-Schulz                    (newton_schulz.py)
 
 Each optimizer's module defines its class, its config dataclass (the `optimizer.*` keys it takes,
-which are also its constructor's keywords) and registers both; adding an optimizer is one module
-plus configs/optimizer/NAME.yaml. Each update rule is one function in rules.py, which both the
-compiled kernels and the multi-tensor path run (_kernels.py). A variant with another c_t is a
-subclass of MARS or MARSM that overrides `correction` (see their docstrings), registered the same way.
+which are also its constructor's keywords, with their defaults) and registers both; adding an
+optimizer is one module. Every optimizer steps through one path (_step.py: one bucketing, one AdamW,
+one Newton-Schulz stage for the matrix optimizers and MARS-Shampoo); each update rule is one
+function in rules.py, which both the compiled kernels and the multi-tensor path run (_kernels.py).
+A variant with another c_t is a subclass of MARS or MARSM that overrides `correction` (see their
+docstrings), registered the same way.
 
 Exact mode: `optimizer.needs_previous_grads` is True for MARS/MARSM with approx=False; the loop
 then calls `optimizer.stash_previous_grads()` with the next batch's gradient before each step()
@@ -36,28 +41,24 @@ import pkgutil as _pkgutil
 from . import adamw, lion, mars, mars_m, muon, rules  # noqa: F401 - each module registers its optimizer(s)
 from ._dist import state_bytes
 from .adamw import AdamWConfig
-from .config import GammaScheduleConfig
-from .groups import param_groups
+from .config import REFERENCE_NAMES, GammaScheduleConfig, OptimizerConfig
 from .lion import Lion, LionConfig
 from .mars import MARS, MARSConfig, MARSLionConfig, MARSShampooConfig
 from .mars_m import MARSM, MARSMConfig
 from .muon import Moonlight, MoonlightConfig, Muon, MuonConfig
 from .newton_schulz import newton_schulz
-from .registry import REFERENCE_NAMES, build_optimizer, make_config, optimizer_names, register, registered
+from .registry import build_optimizer, make_config, optimizer_names, param_groups, register, registered
 from .scheduled import keep_lr_1d_ratio, set_gamma, set_lr_factor
 
 # Every public module of this package is imported, so a new optimizer module registers itself without
-# an import line here (adding an optimizer: that module plus configs/optimizer/NAME.yaml).
+# an import line here (adding an optimizer: that module).
 for _module in _pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_"):
         _importlib.import_module(f"{__name__}.{_module.name}")
 
-OPTIMIZER_NAMES = optimizer_names()
-
 __all__ = [
     "MARS",
     "MARSM",
-    "OPTIMIZER_NAMES",
     "REFERENCE_NAMES",
     "AdamWConfig",
     "GammaScheduleConfig",
@@ -71,6 +72,7 @@ __all__ = [
     "MoonlightConfig",
     "Muon",
     "MuonConfig",
+    "OptimizerConfig",
     "build_optimizer",
     "keep_lr_1d_ratio",
     "make_config",

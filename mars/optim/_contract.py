@@ -8,8 +8,9 @@ optimize_1d, two_dim_rule; the matrix optimizers' use_muon). `TorchContract` the
 
 - keeps every attribute through copy.deepcopy and pickle (torch's step and state-dict hooks are
   dropped, as torch drops them);
-- checks every parameter's dtype when a param group is added (real floating point only), and takes
-  back a group that fails validation, so a failed add_param_group leaves the optimizer as it was;
+- checks the constructor's values and every param group's with the optimizer's `value_checks`
+  (mars.optim.config) and every parameter's dtype (real floating point only), and takes back a group
+  that fails, so a failed add_param_group leaves the optimizer as it was;
 - records the class and those options in state_dict() under RECORD_KEY, and has load_state_dict()
   refuse, in one line naming both sides, a state dict written by another optimizer or with other
   options. A state dict without the record (written before it existed, or rebuilt by a tool that
@@ -19,10 +20,13 @@ optimize_1d, two_dim_rule; the matrix optimizers' use_muon). `TorchContract` the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import torch
 
-from . import _checks
-from ._common import as_step_counter
+from ._step import as_step_counter
+from .config import check_keywords
 
 RECORD_KEY = "mars_optim"
 # Entries torch.optim's own optimizers put in every param group and ours never do.
@@ -33,20 +37,31 @@ _TORCH_RUNTIME = ("_zero_grad_profile_name",)  # rebuilt by Optimizer.__setstate
 class TorchContract:
     """Mixin before torch.optim.Optimizer in the bases of MARS, MARSM, Lion, Muon and Moonlight.
 
-    A subclass sets `instance_options` (attributes that decide what the state buffers mean) and
-    `role_keys` (param-group entries that do), defines `_buffer_names(p, group)` (the state entries
-    it may keep for p) and may define `_infer_options(entries)`, `_split_param_group(group)` and
-    `_validate_group(group)`.
+    A subclass sets `owner` (its name in refusals), `value_checks` (and `group_names`, the param-group
+    keys of keywords a group keeps under another name), `instance_options` (attributes that decide
+    what the state buffers mean) and `role_keys` (param-group entries that do), defines
+    `_buffer_names(p, group)` (the state entries it may keep for p) and may define
+    `_infer_options(entries)` and `_split_param_group(group)`.
     """
 
+    owner: str
+    value_checks: tuple = ()
+    group_names: Mapping[str, str] = MappingProxyType({})
     instance_options: tuple[str, ...] = ()
     role_keys: tuple[str, ...] = ()
 
-    def __init__(self, params, defaults: dict) -> None:
+    def __init__(self, params, defaults: dict, options: dict | None = None) -> None:
+        """defaults: the param-group defaults; options: the constructor's other values that its checks
+        relate to a group's (MARS-M's lean), checked with every group."""
         # The group entries a state dict of this optimizer always has: the constructor's defaults
         # (torch later adds "differentiable" to self.defaults when it loads or unpickles) and the roles.
         self._group_keys = frozenset(defaults) | frozenset(self.role_keys)
+        self._options = dict(options or {})
+        self._check_values(defaults)
         super().__init__(params, defaults)
+
+    def _check_values(self, values: dict) -> None:
+        check_keywords(self.owner, self.value_checks, {**self._options, **values}, self.group_names)
 
     @property
     def _name(self) -> str:
@@ -76,17 +91,14 @@ class TorchContract:
                 super().add_param_group(group)
                 added = self.param_groups[-1]
                 for p in added["params"]:
-                    _checks.real_floating(self._name, p)
-                self._validate_group(added)
+                    _real_floating(self._name, p)
+                self._check_values(added)
         except BaseException:
             del self.param_groups[first:]
             raise
 
     def _split_param_group(self, param_group: dict) -> list[dict]:
         return [param_group]
-
-    def _validate_group(self, group: dict) -> None:
-        pass
 
     # ---- state dicts
 
@@ -127,6 +139,24 @@ class TorchContract:
         """From (parameter, group, saved buffers) of a state dict without the record: the options
         its buffers reveal, as {name: (value, evidence)}."""
         return {}
+
+
+def _real_floating(owner: str, p: torch.Tensor) -> None:
+    """The updates are real arithmetic (norms, signs, square roots, Newton-Schulz): refuse other dtypes
+    at construction instead of stepping them wrongly."""
+    if p.is_floating_point():
+        return
+    if p.is_complex():
+        fix = (
+            "keep the real and imaginary parts as a real parameter instead (store torch.view_as_real(z) "
+            "as the nn.Parameter and use torch.view_as_complex(param) in forward)"
+        )
+    else:
+        fix = "only floating-point tensors can be optimized: leave it out of the optimizer (e.g. a buffer)"
+    raise ValueError(
+        f"{owner} does not support a parameter of shape {tuple(p.shape)} and dtype {p.dtype}: it "
+        f"updates real floating-point tensors (float32, float64, bfloat16, float16); {fix}"
+    )
 
 
 def _add_record(optimizer: TorchContract, state_dict: dict) -> None:

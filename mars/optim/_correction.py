@@ -1,5 +1,18 @@
-"""The per-tensor clip of the MARS correction c_t (rules.clipped) and the MARS diagnostics, shared by
-MARS and MARS-M.
+"""What MARS and MARS-M share around the correction c_t = correction(g, g_prev, gamma, beta) (the formula:
+rules.correction): the static method a variant overrides, where g_prev comes from, the clip of c_t and
+the MARS diagnostics (`CorrectionMixin`).
+
+Approximate mode keeps the gradient of the last step as g_prev ("last_grad"). Exact MARS needs
+g_prev = grad f(x_{t-1}, xi_t): the new batch's gradient at the previous weights (docs/algorithms.md
+section 5). The training loop gets it by looking one batch ahead: at step t, with x_t in place, it
+computes grad f(x_t, xi_{t+1}) and calls `stash_previous_grads()`, zeroes the grads, computes
+grad f(x_t, xi_t) and calls `step()`. Step t therefore uses the stash made at step t-1 while the
+stash made at step t waits for step t+1, so each tensor holds two buffers: "last_grad" (g_prev of
+the current step; zeros at the first step) and "previous_grad" (the stash for the next step).
+`step()` swaps the two references after updating, with no copy. Inside an outer torch.compile, exact
+mode runs eagerly (`stash_previous_grads` and the exact step are excluded from tracing; the graph
+breaks there): its protocol state lives in Python attributes that a compiled graph would freeze.
+Approximate mode is traced like any optimizer.
 
 The clip c~ = c / max(||c||, 1) needs the norm of each whole tensor before its update. A step first
 computes ||c||^2 of every tensor on the MARS path in one pass over g and g_prev
@@ -22,13 +35,15 @@ Reported (means over the steps since the last read; the max for c_norm_max):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import inspect
+from collections import defaultdict
 
 import torch
 from torch import Tensor
 
 from . import _dist, _kernels, rules
+from ._dist import local
+from ._step import group_value
 
 DIAGNOSTIC_KEYS = (
     "mars/c_norm_mean",
@@ -41,52 +56,149 @@ DIAGNOSTIC_KEYS = (
 C2, G2, P2, D2, CG2 = range(5)
 
 
-@dataclass
-class Work:
-    """One bucket of tensors on the MARS path: local views of gradients and previous gradients, and
-    what c_t is for them."""
+class CorrectionMixin:
+    """Before BucketedStep in the bases of MARS and MARSM: `_correction_init` in the constructor; the
+    optimizer's `g_prev_roles` take c_t, with `_beta(group)` its beta."""
 
-    grads: list[Tensor]
-    prevs: list[Tensor]
-    correction: Callable
-    gamma: float | Tensor
-    beta: float
-    clip: bool
-    fused: bool | None
+    correction = staticmethod(rules.correction)  # c_t: override in a subclass for a variant
 
-    def table(self, rule) -> Tensor:
-        return _kernels.norms(
-            rule,
-            [self.grads, self.prevs],
-            fused=self.fused,
-            options={"correction": self.correction},
-            gamma=self.gamma,
-            beta=self.beta,
-        )
+    def _correction_init(self, approx: bool, diagnostics: bool) -> None:
+        if not isinstance(inspect.getattr_static(type(self), "correction", None), staticmethod):
+            raise TypeError(
+                f"{type(self).__name__}.correction must be a @staticmethod correction(g, g_prev, gamma, "
+                f"beta) returning c_t (see {self.owner}'s docstring)"
+            )
+        self.is_approx = approx
+        self.diagnostics = diagnostics
+        self._diagnostics = Diagnostics()
+        self._stashed = False
 
+    def read_diagnostics(self) -> dict[str, float]:
+        """The MARS diagnostics since the last call (diagnostics=True; docs/algorithms.md section 8): means
+        over the steps of mars/c_norm_mean, mars/clip_fraction, mars/grad_cos, mars/correction_ratio and
+        the max of mars/c_norm_max. One read from the device; {} when off or no step was taken."""
+        return self._diagnostics.read()
 
-def _float(tables: list[Tensor]) -> list[Tensor]:
-    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tables) else torch.float32
-    return [t.to(dtype) for t in tables]
+    def _clip_scales(self, buckets: list) -> dict:
+        """{id(bucket params): its clip scales}: the factors 1 / max(||c||, 1), one 0-dim tensor per
+        tensor, or 1.0 where clip_c is off; the diagnostics take the step's figures. At most one
+        all-reduce over the shards."""
+        inputs = [  # per bucket: g and g_prev (local views), c_t's gamma and beta, whether it clips
+            (
+                [[local(p.grad) for p in params], [local(self.state[p]["last_grad"]) for p in params]],
+                dict(gamma=group_value(group, "gamma", params[0]), beta=self._beta(group)),
+                group["clip_c"],
+            )
+            for group, _, params, _ in buckets
+        ]
 
+        def tables(rule, of) -> list[Tensor]:
+            options = {"correction": self.correction}
+            return [_kernels.norms(rule, t, fused=self.fused, options=options, **hyper) for t, hyper, _ in of]
 
-def scales_and_stats(work: list[Work], sharding, diagnostics: Diagnostics | None) -> list:
-    """Per bucket, its update's clip `scale`: the factors 1 / max(||c||, 1), one 0-dim tensor per
-    tensor, or 1.0 (no clip). With `diagnostics`, the step's figures are added to it. At most one
-    all-reduce over the shards."""
-    clipped = [w for w in work if w.clip]
-    parts = _float(
-        [w.table(rules.correction_sq_norm) for w in clipped]
-        + ([w.table(rules.correction_stats) for w in work] if diagnostics is not None else [])
-    )
-    if parts:
-        sizes = [t.numel() for t in parts]
-        flat = _dist.sum_over_shards_(torch.cat([t.reshape(-1) for t in parts]), sharding)
-        parts = [f.view(t.shape) for f, t in zip(flat.split(sizes), parts, strict=True)]
-    factors = iter(parts[: len(clipped)])
-    if diagnostics is not None:
-        diagnostics.add(torch.cat(parts[len(clipped) :]))
-    return [list(rules.clip_scale(next(factors)[:, 0]).unbind(0)) if w.clip else 1.0 for w in work]
+        clipped = [x for x in inputs if x[2]]
+        parts = tables(rules.correction_sq_norm, clipped)
+        parts += tables(rules.correction_stats, inputs) if self.diagnostics else []
+        dtype = torch.float64 if any(t.dtype == torch.float64 for t in parts) else torch.float32
+        parts = [t.to(dtype) for t in parts]
+        if parts:
+            sizes = [t.numel() for t in parts]
+            flat = _dist.sum_over_shards_(torch.cat([t.reshape(-1) for t in parts]), self._sharding())
+            parts = [f.view(t.shape) for f, t in zip(flat.split(sizes), parts, strict=True)]
+        factors = iter(parts[: len(clipped)])
+        if self.diagnostics:
+            self._diagnostics.add(torch.cat(parts[len(clipped) :]))
+        scales = [
+            list(rules.clip_scale(next(factors)[:, 0]).unbind(0)) if clip else 1.0 for *_, clip in inputs
+        ]
+        return {id(params): s for (_, _, params, _), s in zip(buckets, scales, strict=True)}
+
+    def _buffer_names(self, p, group) -> set[str]:
+        names = super()._buffer_names(p, group)
+        if not self.is_approx and self._takes_previous_grad(p, group):
+            names.add("previous_grad")
+        return names
+
+    def _takes_previous_grad(self, p, group) -> bool:
+        return self._role(p, group) in self.g_prev_roles
+
+    # ---- exact mode
+
+    def step(self, closure=None):
+        """One step on every tensor with a gradient (tensors whose grad is None are skipped); returns
+        the closure's loss when a closure is given."""
+        if self.is_approx or not torch.compiler.is_compiling():
+            return self._step(closure)
+        return torch.compiler.disable(self._step)(closure)
+
+    @property
+    def needs_previous_grads(self) -> bool:
+        """True in exact mode: the loop must call `stash_previous_grads()` before every `step()`."""
+        return not self.is_approx
+
+    def stash_previous_grads(self) -> None:
+        """Copy the current p.grad (grad f(x_t, xi_{t+1})) into the optimizer's own buffer; the next
+        step() uses it as g_prev. A tensor without a gradient stashes zeros."""
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(self._stash)()
+        return self._stash()
+
+    @torch.no_grad()
+    def _stash(self) -> None:
+        if self.is_approx:
+            raise RuntimeError(
+                f"{type(self).__name__} is approximate (is_approx=True) and takes g_prev from its own last "
+                "step: stash_previous_grads() is for exact mode only. Construct it with is_approx=False, "
+                "or drop the extra gradient pass."
+            )
+        buckets = defaultdict(lambda: ([], []))
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not self._takes_previous_grad(p, group):
+                    continue
+                state = self.state[p]
+                buf = state.get("previous_grad")
+                if buf is None:
+                    buf = state["previous_grad"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                if p.grad is None:
+                    buf.zero_()
+                else:
+                    bufs, grads = buckets[(p.device, p.dtype)]
+                    bufs.append(local(buf))  # a DTensor's shard: the stash stays sharded like p
+                    grads.append(local(p.grad))
+        for bufs, grads in buckets.values():
+            torch._foreach_copy_(bufs, grads)
+        self._stashed = True
+
+    def update_previous_grad(self) -> None:
+        """Reference name of `stash_previous_grads()`; like the reference, does nothing when approximate."""
+        if not self.is_approx:
+            self.stash_previous_grads()
+
+    def update_last_grad(self) -> None:
+        """Reference API: its loops call this after step() to move the stash into g_prev. Here step()
+        already did that (a reference swap), so there is nothing left to do."""
+
+    def _before_step(self) -> None:
+        if not self.is_approx and not self._stashed:
+            raise RuntimeError(
+                f"{type(self).__name__}(is_approx=False) is exact MARS: before every step() compute the "
+                "gradient of the NEXT batch at the current weights and call optimizer.stash_previous_grads() "
+                "(see the class docstring), or use is_approx=True."
+            )
+
+    def _after_step(self, g_prev: list) -> None:
+        """After an exact step: the stash becomes next step's g_prev; the used buffer takes the next stash."""
+        if self.is_approx:
+            return
+        for p in (p for _, _, params, _ in g_prev for p in params):
+            state = self.state[p]
+            stash = state.get("previous_grad")
+            if stash is None:
+                state["last_grad"].zero_()
+            else:
+                state["previous_grad"], state["last_grad"] = state["last_grad"], stash
+        self._stashed = False
 
 
 class Diagnostics:
@@ -96,7 +208,7 @@ class Diagnostics:
         self._acc: Tensor | None = None  # [c_norm_mean, c_norm_max, clip_fraction, cos, ratio, steps]
 
     def add(self, table: Tensor) -> None:
-        """Fold one step's table (see scales_and_stats) into the accumulator, on the device."""
+        """Fold one step's table (rules.correction_stats per tensor) into the accumulator, on the device."""
         c_norm = table[:, C2].clamp(min=0).sqrt()
         tiny = torch.finfo(table.dtype).tiny
         g_total, p_total = table[:, G2].sum(), table[:, P2].sum()

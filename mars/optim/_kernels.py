@@ -262,11 +262,6 @@ def _kernel(rule, arg_slots: tuple, out_slots: tuple | None, names: tuple, optio
     return kernel
 
 
-def compiled_rules() -> set[str]:
-    """Names of the rules that have run compiled in this process (for tests and reports)."""
-    return {k.name for k in _KERNELS.values() if k._compiled is not None}
-
-
 def _hyper_table(hyper: dict, idx: list[int], like: Tensor) -> Tensor:
     """The hyperparameters of tensors idx, one row each, in `like`'s compute dtype, on its device."""
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32

@@ -6,15 +6,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mars import checks
+
 from ._contract import named_tensor
-from .config import ConfigChecks
+from .config import OptimizerConfig, each
 from .registry import register
 
 
 @dataclass
-class AdamWConfig(ConfigChecks):
-    """optimizer=adamw. GPT-2 small reference: lr 6e-4, betas (0.9, 0.95), weight decay 0.1 on Linear
-    weights (0 on embeddings, LayerNorm weights and biases)."""
+class AdamWConfig(OptimizerConfig):
+    """optimizer=adamw: the GPT-2 small reference run's values (docs/algorithms.md section 6); the weight
+    decay applies to Linear weights (0 on embeddings, LayerNorm weights and biases). torch.optim.AdamW
+    checks its own values; the config's are checked before the run starts."""
 
     name: str = "adamw"
     lr: float = 6e-4
@@ -22,14 +25,15 @@ class AdamWConfig(ConfigChecks):
     eps: float = 1e-8
     weight_decay: float = 0.1
     fused: bool | None = None  # None: torch's fused kernel where the parameters allow it
+    value_checks = (
+        each(checks.finite_non_negative, "lr", "eps", "weight_decay"),
+        each(checks.fraction_pair, "betas"),
+    )
 
-    def validate(self) -> None:
-        self._non_negative("lr", "eps", "weight_decay")
-        self._pair_of_fractions("betas")
 
-
-def adamw(params, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=None) -> torch.optim.AdamW:
-    """torch.optim.AdamW; fused=None takes torch's fused kernel where every parameter allows it."""
+def adamw(params, *, lr, betas, eps, weight_decay, fused) -> torch.optim.AdamW:
+    """torch.optim.AdamW with AdamWConfig's values; fused=None takes torch's fused kernel where every
+    parameter allows it."""
     params = list(params)
     if fused is None:
         groups = params if params and isinstance(params[0], dict) else [{"params": params}]

@@ -1,11 +1,12 @@
-"""Parameter grouping as the reference does it (each registered optimizer says which of two styles).
+"""Parameter grouping as the reference does it, in one of two styles (each registered optimizer says which;
+mars.optim.param_groups(model, name) groups for a registered name).
 
 Grouping (docs/algorithms.md sections 2-4):
-- adamw, lion, mars_adamw, mars_lion, mars_shampoo: two groups, decay (matrices that are not
+- "decay" (adamw, lion, mars_adamw, mars_lion, mars_shampoo): two groups, decay (matrices that are not
   embeddings: Linear weights, an untied output head) with the configured weight decay, and
   no-decay (embeddings, LayerNorm weights, biases) with 0. MARS routes the no-decay group's 1-D
   tensors through its AdamW path with weight_decay_1d, as the reference does.
-- muon, moonlight, mars_m: hidden matrices (ndim >= 2, not an embedding or the head) with
+- "matrix" (muon, moonlight, mars_m): hidden matrices (ndim >= 2, not an embedding or the head) with
   use_muon=True; embeddings, the head and every tensor of fewer than 2 dims with use_muon=False.
 A parameter shared by two modules (GPT's lm_head tied to wte) is listed once, under its first name,
 and counts as an embedding. Which parameters are embeddings and which the output head: the model's
@@ -17,8 +18,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .registry import registered
-
+GROUPINGS = ("decay", "matrix")
 EMBEDDING_NAMES = frozenset({"wte", "wpe", "embed_tokens", "embed_positions", "embedding", "embeddings"})
 HEAD_NAMES = frozenset({"lm_head"})
 
@@ -49,20 +49,15 @@ def _special_params(model: nn.Module) -> tuple[set[int], set[int]]:
     return embeddings, heads
 
 
-def param_groups(model: nn.Module, optimizer_name: str, weight_decay: float | None = None) -> list[dict]:
-    """The reference's param groups of `model` for `optimizer_name` (trainable parameters only).
-
-    weight_decay sets the decay group's value for adamw, lion and the MARS types (otherwise the
-    optimizer's default applies); the matrix optimizers take theirs from the constructor.
-    """
-    grouping = registered(optimizer_name).grouping
+def grouped(model: nn.Module, grouping: str, weight_decay: float | None = None, *, name: str) -> list[dict]:
+    """The reference's param groups of `model` in the `grouping` style (trainable parameters only), for
+    the optimizer `name`. weight_decay sets the decay group's value ("decay"; otherwise the optimizer's
+    default applies); the matrix optimizers take theirs from the constructor."""
     embeddings, heads = _special_params(model)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if grouping == "matrix":
         if weight_decay is not None:
-            raise ValueError(
-                f"param_groups: weight_decay is set on the {optimizer_name} constructor, not per group"
-            )
+            raise ValueError(f"param_groups: weight_decay is set on the {name} constructor, not per group")
         hidden = [p for _, p in named if p.ndim >= 2 and id(p) not in embeddings and id(p) not in heads]
         hidden_ids = {id(p) for p in hidden}
         rest = [p for _, p in named if id(p) not in hidden_ids]

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
-import torch
 from torch.optim import Optimizer
 
-from . import _checks, _kernels, rules
-from ._common import ensure_buffers, traced
+from mars import checks
+
+from . import _kernels, rules
 from ._contract import TorchContract
 from ._dist import local
-from .config import ConfigChecks
+from ._step import BucketedStep, group_value
+from .config import OptimizerConfig, each
 from .registry import register
 
+# The values Lion takes: its constructor and its config check them (mars.optim.config).
+VALUE_CHECKS = (
+    each(checks.finite_non_negative, "lr", "weight_decay"),
+    each(checks.fraction_pair, "betas"),
+)
 
-class Lion(TorchContract, Optimizer):
+
+class Lion(BucketedStep, TorchContract, Optimizer):
     r"""Lion: sign of an interpolated momentum, decoupled weight decay::
 
         u  = sign(beta1 m + (1 - beta1) g)
@@ -33,64 +39,39 @@ class Lion(TorchContract, Optimizer):
     (refusing another optimizer's state), deepcopy/pickle, hooks, torch.compile of a training step.
     """
 
+    owner = "Lion"
+    value_checks = VALUE_CHECKS
     needs_previous_grads = False
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, fused=None):
-        defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
-        _validate(defaults)
         self.fused = fused
-        super().__init__(params, defaults)
-        _kernels.check_fused_flag("Lion", fused, _kernels.first_device(self.param_groups))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+        _kernels.check_fused_flag(self.owner, fused, _kernels.first_device(self.param_groups))
 
-    def _validate_group(self, group: dict) -> None:
-        _validate(group)
+    def _role(self, p, group) -> str:
+        return "lion"
 
-    def _buffer_names(self, p, group) -> set[str]:
-        return {"exp_avg"}
+    def _buffers(self, role: str, group: dict, every: bool = False) -> tuple[str, ...]:
+        return ("exp_avg",)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for params in self._buckets(group).values():
-                ps = [local(p) for p in params]  # a DTensor's local shard: Lion is elementwise
-                exp_avgs = [local(self.state[p]["exp_avg"]) for p in params]
-                _kernels.update(
-                    rules.lion,
-                    [ps, [local(p.grad) for p in params], exp_avgs],
-                    [ps, exp_avgs],
-                    fused=self.fused,
-                    lr=traced(group["lr"], params[0]),
-                    weight_decay=traced(group["weight_decay"], params[0]),
-                    beta1=beta1,
-                    beta2=beta2,
-                )
-        return loss
-
-    def _buckets(self, group: dict) -> dict[tuple, list]:
-        """The group's tensors with a gradient, by (device, dtype): one kernel call each."""
-        buckets = defaultdict(list)
-        for p in group["params"]:
-            if p.grad is None or p.numel() == 0:
-                continue
-            _checks.dense_grad("Lion", p)
-            ensure_buffers(self.state[p], p, ("exp_avg",))
-            buckets[(p.device, p.dtype)].append(p)
-        return buckets
-
-
-def _validate(group: dict) -> None:
-    _checks.non_negative("Lion", "lr", group["lr"])
-    _checks.non_negative("Lion", "weight_decay", group["weight_decay"])
-    _checks.betas("Lion", "betas", group["betas"])
+    def _update(self, group: dict, role: str, params: list, step, scales) -> None:
+        beta1, beta2 = group["betas"]
+        ps = [local(p) for p in params]  # a DTensor's local shard: Lion is elementwise
+        exp_avgs = [local(self.state[p]["exp_avg"]) for p in params]
+        _kernels.update(
+            rules.lion,
+            [ps, [local(p.grad) for p in params], exp_avgs],
+            [ps, exp_avgs],
+            fused=self.fused,
+            lr=group_value(group, "lr", params[0]),
+            weight_decay=group_value(group, "weight_decay", params[0]),
+            beta1=beta1,
+            beta2=beta2,
+        )
 
 
 @dataclass
-class LionConfig(ConfigChecks):
+class LionConfig(OptimizerConfig):
     """optimizer=lion. The MARS reference gives no GPT-2 Lion numbers: the Lion paper's rule of thumb
     against AdamW (lr 3-10x smaller, weight decay 3-10x larger). Tune before comparing."""
 
@@ -99,10 +80,7 @@ class LionConfig(ConfigChecks):
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     weight_decay: float = 1.0
     fused: bool | None = None
-
-    def validate(self) -> None:
-        self._non_negative("lr", "weight_decay")
-        self._pair_of_fractions("betas")
+    value_checks = VALUE_CHECKS
 
 
 register("lion", LionConfig, Lion, grouping="decay")

@@ -2,44 +2,38 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
-import torch
 from torch.optim import Optimizer
 
-from . import _checks, _kernels, rules
-from ._common import (
-    adam_hyper,
-    advance_steps,
-    apply_orthogonal_update_,
-    as_matrix,
-    bucket_step,
-    ensure_buffers,
-    matrix_shape,
-    step_counter,
-    traced,
-)
+from mars import checks
+
+from . import _kernels, rules
 from ._contract import TorchContract
-from ._correction import Diagnostics, Work, scales_and_stats
+from ._correction import CorrectionMixin
 from ._dist import DistributedOptimizer, local
-from ._exact import PreviousGradsMixin
-from .config import ConfigChecks, GammaScheduleConfig
-from .newton_schulz import orthogonalize_
-from .registry import reference_names, register
+from ._step import BucketedStep, group_value
+from .config import GammaScheduleConfig, OptimizerConfig, each, reference_names
+from .registry import register
 
 MARS_TYPES = ("mars-adamw", "mars-lion", "mars-shampoo")
 TWO_DIM_RULES = ("eq2", "ge2")
 NS_STEPS = 5  # the reference's MARS-Shampoo runs five quintic Newton-Schulz iterations
 
-# Group entries a schedule may change: numbers in eager mode, 0-dim tensors inside torch.compile.
-SCHEDULED = ("lr", "weight_decay", "gamma", "lr_1d", "weight_decay_1d")
-
 # How a tensor is updated; see MARS._role.
 ADAMW_1D, MARS_ADAMW, MARS_LION, MARS_NS = "adamw_1d", "mars_adamw", "mars_lion", "mars_ns"
 
+# The values MARS takes: its constructor and its configs check them (mars.optim.config).
+VALUE_CHECKS = (
+    each(checks.finite_non_negative, "lr", "eps", "weight_decay", "gamma", "lr_1d", "weight_decay_1d"),
+    each(checks.fraction_pair, "betas", "betas_1d"),
+    each(checks.choice, "mars_type", args=(MARS_TYPES,)),
+    each(checks.choice, "two_dim_rule", args=(TWO_DIM_RULES,)),
+    each(checks.flag, "amsgrad", "optimize_1d", "clip_c", "approx", "diagnostics"),
+)
 
-class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
+
+class MARS(CorrectionMixin, BucketedStep, DistributedOptimizer, TorchContract, Optimizer):
     r"""MARS (Yuan et al., 2024): scaled stochastic recursive momentum + a preconditioned step.
 
     For each tensor taking the MARS path, with k = gamma * beta1 / (1 - beta1)::
@@ -150,9 +144,12 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
     keys; the reference's positional order and its name is_approx (for approx) are accepted too.
     """
 
+    owner = "MARS"
+    value_checks = VALUE_CHECKS
     instance_options = ("is_approx",)
     role_keys = ("mars_type", "optimize_1d", "two_dim_rule")
-    correction = staticmethod(rules.correction)  # c_t: override in a subclass for a variant
+    orthogonalised = (MARS_NS,)
+    g_prev_roles = (MARS_ADAMW, MARS_LION, MARS_NS)
 
     @reference_names
     def __init__(
@@ -177,9 +174,9 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
         diagnostics=False,
         process_group=None,
     ):
-        _checks.flag("MARS", "approx", approx)
-        _checks.flag("MARS", "diagnostics", diagnostics)
-        _checks.correction("MARS", type(self))
+        self._correction_init(approx, diagnostics)
+        self.fused = fused
+        self.process_group = process_group
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -195,18 +192,8 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             clip_c=clip_c,
             two_dim_rule=two_dim_rule,
         )
-        _validate(defaults)
-        self.is_approx = approx
-        self.fused = fused
-        self.diagnostics = diagnostics
-        self._diagnostics = Diagnostics()
-        self.process_group = process_group
-        self._stashed = False
-        super().__init__(params, defaults)
-        _kernels.check_fused_flag("MARS", fused, _kernels.first_device(self.param_groups))
-
-    def _validate_group(self, group: dict) -> None:
-        _validate(group)
+        super().__init__(params, defaults, options=dict(approx=approx, diagnostics=diagnostics))
+        _kernels.check_fused_flag(self.owner, fused, _kernels.first_device(self.param_groups))
 
     @staticmethod
     def _role(p, group) -> str:
@@ -217,23 +204,15 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             return MARS_NS if matrix else MARS_ADAMW
         return MARS_LION if group["mars_type"] == "mars-lion" else MARS_ADAMW
 
-    def _takes_previous_grad(self, p, group) -> bool:
-        return self._role(p, group) != ADAMW_1D
-
-    def _buffers(self, role: str, amsgrad: bool) -> tuple[str, ...]:
-        names = ("exp_avg",)
+    def _buffers(self, role: str, group: dict, every: bool = False) -> tuple[str, ...]:
+        names = ("step", "exp_avg")
         if role in (ADAMW_1D, MARS_ADAMW):
+            amsgrad = every or group["amsgrad"]
             names += ("exp_avg_sq", "max_exp_avg_sq") if amsgrad else ("exp_avg_sq",)
-        if role != ADAMW_1D:
-            names += ("last_grad",)
-        return names
+        return names if role == ADAMW_1D else (*names, "last_grad")
 
-    def _buffer_names(self, p, group) -> set[str]:
-        role = self._role(p, group)
-        names = {"step", *self._buffers(role, amsgrad=True)}
-        if role != ADAMW_1D and not self.is_approx:
-            names.add("previous_grad")
-        return names
+    def _beta(self, group: dict) -> float:
+        return group["betas"][0]
 
     def _infer_options(self, entries) -> dict:
         mars_path = [buffers for p, group, buffers in entries if self._role(p, group) != ADAMW_1D]
@@ -243,240 +222,94 @@ class MARS(PreviousGradsMixin, DistributedOptimizer, TorchContract, Optimizer):
             return {"is_approx": (True, "'last_grad' buffers without 'previous_grad' (approximate mode)")}
         return {}
 
-    @torch.no_grad()
-    def _step(self, closure=None):
-        """One MARS step on every tensor with a gradient (`step()` calls it).
-
-        1. bucket the tensors (role, device, dtype, step count) and advance their step counts;
-        2. the clip factors of every MARS-path tensor from whole-tensor norms (one all-reduce when
-           the parameters are sharded), and the diagnostics (mars.optim._correction);
-        3. the elementwise updates, on each rank's local shard; MARS-Shampoo's momentum too;
-        4. MARS-Shampoo's Newton-Schulz over all its matrices at once (divided over ranks when
-           sharded or replicated, mars.optim._dist), then its updates.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._check_stashed()
-        plan = []
-        for group in self.param_groups:
-            for (role, _, _, count), params in self._buckets(group).items():
-                plan.append((group, role, params, advance_steps([self.state[p] for p in params], count)))
-        mars_path = [b for b in plan if b[1] != ADAMW_1D]
-        work = [
-            Work(
-                grads=[local(p.grad) for p in params],
-                prevs=[local(self.state[p]["last_grad"]) for p in params],
-                correction=self.correction,
-                gamma=traced(group["gamma"], params[0]),
-                beta=group["betas"][0],
-                clip=group["clip_c"],
-                fused=self.fused,
-            )
-            for group, _, params, _ in mars_path
-        ]
-        scales = scales_and_stats(work, self._sharding(), self._diagnostics if self.diagnostics else None)
-        clip_scales = {id(b[2]): sc for b, sc in zip(mars_path, scales, strict=True)}
-        shampoo = []
-        for group, role, params, step in plan:
-            if role == MARS_NS:
-                shampoo.append(
-                    (group, params, self._shampoo_momentum(group, params, clip_scales[id(params)]))
-                )
-            else:
-                self._update(group, role, params, step, clip_scales.get(id(params)))
-        if shampoo:
-            self._shampoo_updates(shampoo)
-        if not self.is_approx:
-            self._rotate_previous_grads([p for _, _, params, _ in mars_path for p in params])
-        return loss
-
-    def _buckets(self, group: dict) -> dict[tuple, list]:
-        """The group's tensors with a gradient, by (role, device, dtype, step count): each bucket is
-        one kernel call (`_update`). Creates the missing state buffers."""
-        buckets = defaultdict(list)
-        for p in group["params"]:
-            if p.grad is None or p.numel() == 0:
-                continue
-            _checks.dense_grad("MARS", p)
-            role = self._role(p, group)
-            state = self.state[p]
-            count = step_counter(state)
-            ensure_buffers(state, p, self._buffers(role, group["amsgrad"]))
-            buckets[(role, p.device, p.dtype, bucket_step(count))].append(p)
-        return buckets
-
     def _update(self, group: dict, role: str, params: list, step, scales) -> None:
         """Run one elementwise bucket's rule (mars.optim.rules) on local shards. step: the bucket's step
         count, or (inside torch.compile) the list of its step counters; scales: its clip scales."""
-        hp = {key: traced(group[key], params[0]) for key in SCHEDULED}
-        states = [self.state[p] for p in params]
-        ps = [local(p) for p in params]
-        grads = [local(p.grad) for p in params]
-        m = [local(s["exp_avg"]) for s in states]
-        if role == MARS_LION:
-            prevs = [local(s["last_grad"]) for s in states]
-            _kernels.update(
-                rules.mars_lion,
-                [ps, grads, prevs, m],
-                [ps, m, prevs],
-                fused=self.fused,
-                options={"correction": self.correction},
-                gamma=hp["gamma"],
-                scale=scales,
-                lr=hp["lr"],
-                weight_decay=hp["weight_decay"],
-                beta1=group["betas"][0],
-            )
-            return
-        v = [local(s["exp_avg_sq"]) for s in states]
-        vmax = [local(s["max_exp_avg_sq"]) for s in states] if group["amsgrad"] else None
-        moments = [m, v] if vmax is None else [m, v, vmax]
         if role == ADAMW_1D:
-            adam = adam_hyper(
-                lr=hp["lr_1d"],
-                weight_decay=hp["weight_decay_1d"],
+            self._adam(
+                params,
+                step,
+                lr=group_value(group, "lr_1d", params[0]),
+                weight_decay=group_value(group, "weight_decay_1d", params[0]),
                 betas=group["betas_1d"],
                 eps=group["eps"],
-                step=step,
-                params=ps,
+                amsgrad=group["amsgrad"],
             )
-            _kernels.update(rules.adamw, [ps, grads, m, v, vmax], [ps, *moments], fused=self.fused, **adam)
             return
-        prevs = [local(s["last_grad"]) for s in states]
-        adam = adam_hyper(
-            lr=hp["lr"],
-            weight_decay=hp["weight_decay"],
-            betas=group["betas"],
-            eps=group["eps"],
-            step=step,
-            params=ps,
-        )
+        lr, weight_decay = group_value(group, "lr", params[0]), group_value(group, "weight_decay", params[0])
+        gamma = group_value(group, "gamma", params[0])
+        if role == MARS_ADAMW:
+            self._adam(
+                params,
+                step,
+                lr=lr,
+                weight_decay=weight_decay,
+                betas=group["betas"],
+                eps=group["eps"],
+                amsgrad=group["amsgrad"],
+                mars={"gamma": gamma, "scale": scales},
+            )
+            return
+        ps = [local(p) for p in params]
+        m = [local(self.state[p]["exp_avg"]) for p in params]
+        prevs = [local(self.state[p]["last_grad"]) for p in params]
         _kernels.update(
-            rules.mars_adamw,
-            [ps, grads, prevs, m, v, vmax],
-            [ps, *moments, prevs],
+            rules.mars_lion,
+            [ps, [local(p.grad) for p in params], prevs, m],
+            [ps, m, prevs],
             fused=self.fused,
             options={"correction": self.correction},
-            gamma=hp["gamma"],
+            gamma=gamma,
             scale=scales,
-            **adam,
+            lr=lr,
+            weight_decay=weight_decay,
+            beta1=group["betas"][0],
         )
 
-    def _shampoo_momentum(self, group: dict, params: list, scales) -> dict[tuple, list]:
-        """MARS-Shampoo's momentum for a bucket of matrices: m <- beta1 m + (1 - beta1) c~; returns, per
-        matrix shape, (indices, the bfloat16 batch of Newton-Schulz inputs m / (1 - beta1))."""
+    def _momentum(self, group: dict, params: list, grads: list, outs: list, scales) -> None:
+        """MARS-Shampoo: m <- beta1 m + (1 - beta1) c~, Newton-Schulz input m / (1 - beta1)."""
         beta1 = group["betas"][0]
-        by_shape = defaultdict(list)
-        for i, p in enumerate(params):
-            by_shape[matrix_shape(p)].append(i)
-        batches = {}
-        for shape, idx in by_shape.items():
-            gs = [as_matrix(local(params[i].grad)) for i in idx]
-            prevs = [as_matrix(local(self.state[params[i]]["last_grad"])) for i in idx]
-            bufs = [as_matrix(local(self.state[params[i]]["exp_avg"])) for i in idx]
-            X = torch.empty((len(idx), *gs[0].shape), dtype=torch.bfloat16, device=gs[0].device)
-            _kernels.update(
-                rules.mars_momentum,
-                [gs, prevs, bufs],
-                [bufs, list(X.unbind(0)), prevs],
-                fused=self.fused,
-                options={"correction": self.correction},
-                gamma=traced(group["gamma"], params[0]),
-                beta=beta1,
-                scale=[scales[i] for i in idx] if isinstance(scales, list) else scales,
-                out_scale=1.0 / (1.0 - beta1),
-            )
-            batches[shape] = (idx, X)
-        return batches
-
-    def _shampoo_updates(self, shampoo: list) -> None:
-        """Newton-Schulz over every MARS-Shampoo matrix of the step, then x <- x (1 - lr wd) - lr
-        sqrt(max(1, rows/cols)) NS(m / (1 - beta1)) on each (local pieces when sharded)."""
-        entries = [
-            (group, [params[i] for i in idx], shape, X)
-            for group, params, batches in shampoo
-            for shape, (idx, X) in batches.items()
-        ]
-        eps = {group["eps"] for group, *_ in entries}
-        if len(eps) != 1:  # groups with different eps normalise differently: one Newton-Schulz each
-            for group, ps, shape, X in entries:
-                self._shampoo_apply(group, ps, shape, self._orthogonalize([X], [shape], _ns(group["eps"]))[0])
-            return
-        results = self._orthogonalize(
-            [X for *_, X in entries], [shape for *_, shape, _ in entries], _ns(eps.pop())
-        )
-        for (group, ps, shape, _), O in zip(entries, results, strict=True):
-            self._shampoo_apply(group, ps, shape, O)
-
-    @staticmethod
-    def _shampoo_apply(group: dict, params: list, shape: tuple[int, int], O) -> None:
-        rows, cols = shape
-        apply_orthogonal_update_(
-            [local(p) for p in params],
-            O,
-            lr=traced(group["lr"], params[0]),
-            weight_decay=traced(group["weight_decay"], params[0]),
-            scale=max(1.0, rows / cols) ** 0.5,
+        prevs = self._buffers_of(params, "last_grad")
+        bufs = self._buffers_of(params, "exp_avg")
+        _kernels.update(
+            rules.mars_momentum,
+            [grads, prevs, bufs],
+            [bufs, outs, prevs],
+            fused=self.fused,
+            options={"correction": self.correction},
+            gamma=group_value(group, "gamma", params[0]),
+            beta=beta1,
+            scale=scales,
+            out_scale=1.0 / (1.0 - beta1),
         )
 
-    def read_diagnostics(self) -> dict[str, float]:
-        """The MARS diagnostics since the last call (diagnostics=True; docs/algorithms.md section 8): means
-        over the steps of mars/c_norm_mean, mars/clip_fraction, mars/grad_cos, mars/correction_ratio and
-        the max of mars/c_norm_max. One read from the device; {} when off or no step was taken."""
-        return self._diagnostics.read()
-
-
-def _ns(eps: float):
-    """MARS-Shampoo's Newton-Schulz: the reference form, NS_STEPS iterations, its eps."""
-
-    def ns(batch):
-        return orthogonalize_(batch, steps=NS_STEPS, eps=eps, form="reference")
-
-    return ns
-
-
-def _validate(group: dict) -> None:
-    owner = "MARS"
-    for name in ("lr", "eps", "weight_decay", "gamma", "lr_1d", "weight_decay_1d"):
-        _checks.non_negative(owner, name, group[name])
-    _checks.betas(owner, "betas", group["betas"])
-    _checks.betas(owner, "betas_1d", group["betas_1d"])
-    _checks.choice(owner, "mars_type", group["mars_type"], MARS_TYPES)
-    _checks.choice(owner, "two_dim_rule", group["two_dim_rule"], TWO_DIM_RULES)
-    for name in ("amsgrad", "optimize_1d", "clip_c"):
-        _checks.flag(owner, name, group[name])
+    def _ns_setting(self, group: dict) -> tuple[int, float]:
+        """The reference's MARS-Shampoo: NS_STEPS iterations normalised with the optimizer's eps."""
+        return NS_STEPS, group["eps"]
 
 
 @dataclass
-class MARSConfig(ConfigChecks):
-    """optimizer=mars_adamw (mars_lion and mars_shampoo take the same keys). GPT-2 small reference
-    (docs/algorithms.md section 6): lr 6e-3, betas (0.95, 0.99), gamma 0.025, wd 0.01 on matrices (0 on
-    embeddings); tensors < 2-D take AdamW with lr_1d 3e-3, betas_1d (0.9, 0.95), weight_decay_1d 0.1."""
+class MARSConfig(OptimizerConfig):
+    """optimizer=mars_adamw (mars_lion and mars_shampoo take the same keys): the GPT-2 small reference
+    run's values (docs/algorithms.md section 6)."""
 
     name: str = "mars_adamw"
     lr: float = 6e-3
     betas: list[float] = field(default_factory=lambda: [0.95, 0.99])
     eps: float = 1e-8
-    weight_decay: float = 0.01
+    weight_decay: float = 0.01  # on matrices that are not embeddings (0 on the rest)
     gamma: float = 0.025  # peak gamma; gamma_schedule shapes it over the steps (the trainer drives it)
     gamma_schedule: GammaScheduleConfig = field(default_factory=GammaScheduleConfig)
     approx: bool = True  # false: exact MARS, two gradients per step
     clip_c: bool = True  # the per-tensor unit-norm clip of c_t
     optimize_1d: bool = False  # true: tensors < 2-D take the MARS update too
-    lr_1d: float = 3e-3
+    lr_1d: float = 3e-3  # tensors < 2-D take AdamW with lr_1d, betas_1d, weight_decay_1d
     betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay_1d: float = 0.1
     two_dim_rule: str = "eq2"  # eq2: ndim == 2 takes the matrix rule (reference) | ge2: ndim >= 2
     diagnostics: bool = False  # log mars/* figures (docs/algorithms.md section 8)
     fused: bool | None = None  # None: compiled kernels where available; false: multi-tensor ops
-
-    def validate(self) -> None:
-        self._non_negative("lr", "eps", "weight_decay", "gamma", "lr_1d", "weight_decay_1d")
-        self._pair_of_fractions("betas", "betas_1d")
-        self._choice("two_dim_rule", TWO_DIM_RULES)
-        self.gamma_schedule.validate(self.gamma)
+    value_checks = VALUE_CHECKS
 
 
 @dataclass

@@ -4,17 +4,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import _checks, _kernels, rules
-from ._common import as_matrix, traced
-from ._correction import Diagnostics, Work, scales_and_stats
-from ._dist import local
-from ._exact import PreviousGradsMixin
-from .config import ConfigChecks, GammaScheduleConfig
-from .muon import MatrixOptimizer
-from .registry import reference_names, register
+from mars import checks
+
+from . import _kernels, rules
+from ._correction import CorrectionMixin
+from ._step import group_value
+from .config import GammaScheduleConfig, OptimizerConfig, each, reference_names
+from .muon import MATRIX, VALUE_CHECKS, MatrixOptimizer
+from .registry import register
+
+# What the lean variant (lean=true), the unclipped approximate MARS-M with one buffer, refuses:
+# (key, refused(value), why)
+LEAN_RULES = (
+    ("clip_c", bool, "cannot be true with lean=true: the lean variant is the unclipped MARS-M; drop clip_c"),
+    ("approx", lambda v: v is False, "must be true with lean=true: the lean variant is approximate only"),
+    ("diagnostics", bool, "needs lean=false: the lean variant keeps no g_prev to measure c_t against"),
+    ("momentum", lambda v: v == 0, "must be > 0 with lean=true: the lean update divides by it"),
+)
 
 
-class MARSM(PreviousGradsMixin, MatrixOptimizer):
+def lean_checks(values):
+    if values.get("lean") is True:
+        for key, refused, why in LEAN_RULES:
+            if key in values and refused(values[key]):
+                yield key, values[key], why
+
+
+# MARS-M's values: the matrix optimizers', gamma, its flags and the lean variant's (mars.optim.config)
+MARS_M_CHECKS = (
+    *VALUE_CHECKS,
+    each(checks.finite_non_negative, "gamma"),
+    each(checks.flag, "clip_c", "approx", "lean", "diagnostics"),
+    lean_checks,
+)
+
+
+class MARSM(CorrectionMixin, MatrixOptimizer):
     r"""MARS-M (Liu, Yuan, Gu, 2025). For hidden weight matrices, with k = gamma beta / (1 - beta)::
 
         C  = G + k (G - G_prev)           `correction`; G_prev: approx = last step's G; exact =
@@ -53,10 +78,9 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
     """
 
     owner = "MARSM"
+    value_checks = MARS_M_CHECKS
     instance_options = ("is_approx", "lean")
-    ns_form = "moonlight"
-    adamw_eps_form = "moonlight"
-    correction = staticmethod(rules.correction)  # c_t: override in a subclass for a variant
+    form = "moonlight"
 
     @reference_names
     def __init__(
@@ -79,37 +103,8 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
         diagnostics=False,
         process_group=None,
     ):
-        _checks.flag(self.owner, "approx", approx)
-        _checks.correction(self.owner, type(self))
-        _checks.flag(self.owner, "lean", lean)
-        _checks.flag(self.owner, "diagnostics", diagnostics)
-        if lean and diagnostics:
-            raise ValueError(
-                f"{self.owner}: invalid diagnostics=True with lean=True: the lean variant keeps no previous "
-                "gradient to measure c_t against; set lean=False"
-            )
-        if clip_c is None:
-            clip_c = not lean
-        if lean and clip_c:
-            raise ValueError(
-                f"{self.owner}: invalid clip_c=True with lean=True: the lean variant is the "
-                "unclipped approximate MARS-M; drop clip_c or set lean=False"
-            )
-        if lean and not approx:
-            raise ValueError(
-                f"{self.owner}: invalid approx=False with lean=True: the lean variant is approximate only"
-            )
-        if lean and not rules.is_linear(self.correction):
-            raise ValueError(
-                f"{self.owner}: invalid lean=True with {type(self).__name__}.correction: the lean variant "
-                "is derived from a c_t linear in (g, g_prev), c = x g + y g_prev, and this one is not; "
-                "set lean=False"
-            )
-        self.is_approx = approx
+        self._correction_init(approx, diagnostics)
         self.lean = lean
-        self.diagnostics = diagnostics
-        self._diagnostics = Diagnostics()
-        self._stashed = False
         self.matrix_buffers = ("momentum_buffer",) if lean else ("momentum_buffer", "last_grad")
         defaults = dict(
             lr=lr,
@@ -119,32 +114,34 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             adamw_betas=tuple(betas_1d),
             adamw_eps=eps,
             gamma=gamma,
-            clip_c=clip_c,
+            clip_c=(not lean) if clip_c is None else clip_c,  # None: on, but for the lean variant
         )
-        super().__init__(params, muon_params, adamw_params, defaults, fused, process_group=process_group)
-
-    def _validate_group(self, group: dict) -> None:
-        super()._validate_group(group)
-        _checks.non_negative(self.owner, "gamma", group["gamma"])
-        _checks.flag(self.owner, "clip_c", group["clip_c"])
-        if self.lean and group["momentum"] == 0:
+        options = dict(approx=approx, lean=lean, diagnostics=diagnostics)
+        super().__init__(
+            params,
+            muon_params,
+            adamw_params,
+            defaults,
+            fused=fused,
+            process_group=process_group,
+            options=options,
+        )
+        if lean and not rules.is_linear(self.correction):
             raise ValueError(
-                f"{self.owner}: invalid momentum=0 with lean=True: the lean update divides by it"
+                f"{self.owner}: invalid lean=True with {type(self).__name__}.correction: the lean variant "
+                "is derived from a c_t linear in (g, g_prev), c = x g + y g_prev, and this one is not; "
+                "set lean=False"
             )
-        if self.lean and group["clip_c"]:
-            raise ValueError(f"{self.owner}: invalid clip_c=True in a param group with lean=True")
 
-    def _takes_previous_grad(self, p, group) -> bool:
-        return self._is_matrix(p, group)
+    @property
+    def g_prev_roles(self) -> tuple[str, ...]:
+        return () if self.lean else (MATRIX,)
 
-    def _buffer_names(self, p, group) -> set[str]:
-        names = super()._buffer_names(p, group)
-        if self._is_matrix(p, group) and not self.is_approx:
-            names.add("previous_grad")
-        return names
+    def _beta(self, group: dict) -> float:
+        return group["momentum"]
 
     def _infer_options(self, entries) -> dict:
-        matrices = [buffers for p, group, buffers in entries if self._is_matrix(p, group)]
+        matrices = [buffers for p, group, buffers in entries if self._role(p, group) == MATRIX]
         if any("previous_grad" in b for b in matrices):
             return {"is_approx": (False, "'previous_grad' buffers (exact mode)")}
         if any("last_grad" in b for b in matrices):
@@ -156,35 +153,16 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             return {"lean": (True, "matrices with 'momentum_buffer' alone (the one-buffer variant)")}
         return {}
 
-    def _clip_scales(self, matrices: list) -> list:
-        """Per bucket, the clip `scale` of its momentum (mars.optim._correction.scales_and_stats), and
-        the diagnostics; 1.0 (no clip) for the lean variant."""
-        if self.lean:
-            return [1.0] * len(matrices)
-        work = [
-            Work(
-                grads=[as_matrix(local(p.grad)) for p in params],
-                prevs=[as_matrix(local(self.state[p]["last_grad"])) for p in params],
-                correction=self.correction,
-                gamma=traced(group["gamma"], params[0]),
-                beta=group["momentum"],
-                clip=group["clip_c"],
-                fused=self.fused,
-            )
-            for group, _, params in matrices
-        ]
-        return scales_and_stats(work, self._sharding(), self._diagnostics if self.diagnostics else None)
-
-    def _momentum(self, group, grads, states, outs, scales) -> None:
-        bufs = self._buffers_of(states, "momentum_buffer")
-        gamma, beta = traced(group["gamma"], grads[0]), group["momentum"]
+    def _momentum(self, group, params, grads, outs, scales) -> None:
+        bufs = self._buffers_of(params, "momentum_buffer")
+        gamma, beta = group_value(group, "gamma", grads[0]), group["momentum"]
         if self.lean:
             a, b = rules.lean_coefficients(self.correction, gamma, beta)
             _kernels.update(
                 rules.lean_momentum, [grads, bufs], [bufs, outs], fused=self.fused, beta=beta, a=a, b=b
             )
             return
-        prevs = self._buffers_of(states, "last_grad")
+        prevs = self._buffers_of(params, "last_grad")
         _kernels.update(
             rules.mars_momentum,
             [grads, prevs, bufs],
@@ -197,26 +175,12 @@ class MARSM(PreviousGradsMixin, MatrixOptimizer):
             out_scale=1.0,
         )
 
-    def read_diagnostics(self) -> dict[str, float]:
-        """The MARS diagnostics since the last call (diagnostics=True; see mars.optim._correction)."""
-        return self._diagnostics.read()
-
-    def _scale(self, rows: int, cols: int) -> float:
-        return 0.2 * max(rows, cols) ** 0.5
-
-    def _before_step(self) -> None:
-        self._check_stashed()
-
-    def _after_step(self, matrices: list) -> None:
-        if not self.is_approx:
-            self._rotate_previous_grads(matrices)
-
 
 @dataclass
-class MARSMConfig(ConfigChecks):
-    """optimizer=mars_m. GPT-2 small (docs/algorithms.md sections 3 and 6): lr 6e-3, momentum 0.95,
-    gamma 0.025, wd 0.01, clip on; embeddings, head and 1-D tensors take AdamW with the same lr and wd
-    and betas_1d. Exact mode: approx=false; one-buffer variant: lean=true (unclipped, approximate)."""
+class MARSMConfig(OptimizerConfig):
+    """optimizer=mars_m: the GPT-2 small values (docs/algorithms.md sections 3 and 6); embeddings, head and
+    1-D tensors take AdamW with the same lr and weight decay, and betas_1d. Exact mode: approx=false;
+    one-buffer variant: lean=true (unclipped, approximate)."""
 
     name: str = "mars_m"
     lr: float = 6e-3
@@ -232,24 +196,7 @@ class MARSMConfig(ConfigChecks):
     eps: float = 1e-8
     diagnostics: bool = False
     fused: bool | None = None
-
-    def validate(self) -> None:
-        self._non_negative("lr", "weight_decay", "gamma", "eps")
-        self._fraction("momentum")
-        self._pair_of_fractions("betas_1d")
-        self._at_least_one("ns_steps")
-        self.gamma_schedule.validate(self.gamma)
-        if self.lean:
-            if self.clip_c:
-                self._fail(
-                    "clip_c", "cannot be true with lean=true: the lean variant is the unclipped MARS-M"
-                )
-            if not self.approx:
-                self._fail("approx", "must be true with lean=true: the lean variant is approximate only")
-            if self.diagnostics:
-                self._fail("diagnostics", "needs lean=false: the lean variant keeps no previous gradient")
-            if self.momentum == 0:
-                self._fail("momentum", "must be > 0 with lean=true: the lean update divides by it")
+    value_checks = MARS_M_CHECKS
 
 
 register("mars_m", MARSMConfig, MARSM, grouping="matrix", trainer_keys=("gamma_schedule",))

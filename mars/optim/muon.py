@@ -1,37 +1,35 @@
-"""Muon and Moonlight (docs/algorithms.md sections 3 and 4), and the machinery they share with MARS-M."""
+"""Muon and Moonlight (docs/algorithms.md sections 3 and 4), and the base they share with MARS-M."""
 
 from __future__ import annotations
 
-import functools
-from collections import defaultdict
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from . import _checks, _kernels, rules
-from ._common import (
-    adam_hyper,
-    advance_steps,
-    apply_orthogonal_update_,
-    as_matrix,
-    bucket_step,
-    ensure_buffers,
-    matrix_shape,
-    step_counter,
-    traced,
-)
+from mars import checks
+
+from . import _kernels, rules
 from ._contract import TorchContract, named_tensor
-from ._dist import DistributedOptimizer, local
-from .config import ConfigChecks
-from .newton_schulz import orthogonalize_
-from .registry import reference_names, register
+from ._dist import DistributedOptimizer
+from ._step import BucketedStep, group_value
+from .config import OptimizerConfig, each, reference_names
+from .registry import register
 
 MATRIX, ADAMW = "matrix", "adamw"
+NS_EPS = 1e-7  # the Newton-Schulz normalisation of Muon, Moonlight and MARS-M
+
+# The values the matrix optimizers take: their constructors and configs check them (mars.optim.config).
+VALUE_CHECKS = (
+    each(checks.finite_non_negative, "lr", "weight_decay", "lr_1d", "weight_decay_1d", "eps"),
+    each(checks.fraction, "momentum"),
+    each(checks.fraction_pair, "betas_1d"),
+    each(checks.whole, "ns_steps"),
+    each(checks.flag, "nesterov", "use_muon"),
+)
 
 
-class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
+class MatrixOptimizer(BucketedStep, DistributedOptimizer, TorchContract, Optimizer):
     """Base of Muon, Moonlight and MARS-M: matrices get an orthogonalised momentum step, the rest AdamW.
 
     Param groups carry "use_muon": True for hidden weight matrices (tensors of fewer than 2 dims in
@@ -48,12 +46,11 @@ class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
     dict of another optimizer, or with another use_muon for a group, raises a ValueError saying so.
     """
 
-    owner = "MatrixOptimizer"
     role_keys = ("use_muon",)
+    value_checks = VALUE_CHECKS
+    group_names = {"betas_1d": "adamw_betas", "eps": "adamw_eps"}  # the reference's group keys
     needs_previous_grads = False  # exact MARS-M overrides this
-    ns_form = "reference"
-    ns_eps = 1e-7
-    adamw_eps_form = "torch"
+    orthogonalised = (MATRIX,)
     matrix_buffers: tuple[str, ...] = ("momentum_buffer",)
 
     def __init__(
@@ -62,14 +59,18 @@ class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
         muon_params,
         adamw_params,
         defaults: dict,
+        *,
         fused,
-        adamw_group_defaults=None,
         process_group=None,
+        options: dict | None = None,
+        adamw_group_defaults: dict | None = None,
     ):
+        """defaults: the param-group defaults (betas_1d and eps as adamw_betas and adamw_eps);
+        adamw_group_defaults: those only the AdamW groups take (Muon's lr_1d, weight_decay_1d)."""
         self.fused = fused
         self.process_group = process_group
         self._adamw_group_defaults = adamw_group_defaults or {}
-        super().__init__(self._collect(params, muon_params, adamw_params), defaults)
+        super().__init__(self._collect(params, muon_params, adamw_params), defaults, options)
         _kernels.check_fused_flag(self.owner, fused, _kernels.first_device(self.param_groups))
 
     def _collect(self, params, muon_params, adamw_params):
@@ -111,8 +112,7 @@ class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
             others = [p for p in params if named_tensor(p).ndim < 2]
             parts = [(use, ps) for use, ps in ((True, matrices), (False, others)) if ps] or [(True, params)]
         else:
-            _checks.flag(self.owner, "use_muon", use_muon)
-            parts = [(use_muon, params)]
+            parts = [(use_muon, params)]  # a use_muon that is not True or False is refused with the group
         subgroups = []
         for use, ps in parts:
             sub = dict(group, params=ps, use_muon=use)
@@ -122,136 +122,40 @@ class MatrixOptimizer(DistributedOptimizer, TorchContract, Optimizer):
             subgroups.append(sub)
         return subgroups
 
-    def _validate_group(self, group: dict) -> None:
-        owner = self.owner
-        for name in ("lr", "weight_decay", "adamw_eps"):
-            _checks.non_negative(owner, name, group[name])
-        _checks.beta(owner, "momentum", group["momentum"])
-        _checks.positive_int(owner, "ns_steps", group["ns_steps"])
-        _checks.betas(owner, "adamw_betas", group["adamw_betas"])
+    def _role(self, p: Tensor, group: dict) -> str:
+        return MATRIX if group["use_muon"] and p.ndim >= 2 else ADAMW
 
-    def _is_matrix(self, p: Tensor, group: dict) -> bool:
-        return group["use_muon"] and p.ndim >= 2
+    def _buffers(self, role: str, group: dict, every: bool = False) -> tuple[str, ...]:
+        return self.matrix_buffers if role == MATRIX else ("step", "exp_avg", "exp_avg_sq")
 
-    def _buffer_names(self, p, group) -> set[str]:
-        if self._is_matrix(p, group):
-            return set(self.matrix_buffers)
-        return {"exp_avg", "exp_avg_sq", "step"}
-
-    # ---- the parts a subclass defines
-
-    def _momentum(self, group: dict, grads: list, states: list, outs: list, scales) -> None:
-        """Update the momentum state of same-shaped matrices; write the Newton-Schulz inputs to outs.
-        grads and outs are (local) matrices; scales: MARS-M's clip scales (1.0 elsewhere)."""
-        raise NotImplementedError
-
-    def _scale(self, rows: int, cols: int) -> float:
-        raise NotImplementedError
-
-    def _before_step(self) -> None:
-        pass
-
-    def _after_step(self, matrices: list) -> None:
-        pass
-
-    # ---- the step
-
-    def step(self, closure=None):
-        """One step on every tensor with a gradient (tensors whose grad is None are skipped); returns
-        the closure's loss when a closure is given."""
-        return self._step(closure)
-
-    @torch.no_grad()
-    def _step(self, closure=None):
-        """AdamW on the non-matrices (local shards); the matrices' momentum (and MARS-M's clip scales,
-        from whole-tensor norms) into bfloat16 Newton-Schulz inputs; one Newton-Schulz over all of the
-        step's matrices (divided over ranks when sharded or replicated); then the matrix updates."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._before_step()
-        matrices = []
-        for group in self.param_groups:
-            for key, params in self._buckets(group).items():
-                if key[0] == MATRIX:
-                    matrices.append((group, key, params))
-                else:
-                    self._adamw_update(group, key, params)
-        scales = self._clip_scales(matrices)
-        inputs = [
-            self._matrix_momentum(group, params, sc)
-            for (group, _, params), sc in zip(matrices, scales, strict=True)
-        ]
-        by_steps = defaultdict(list)
-        for i, (group, _, _) in enumerate(matrices):
-            by_steps[group["ns_steps"]].append(i)
-        for steps, idx in by_steps.items():
-            ns = functools.partial(orthogonalize_, steps=steps, eps=self.ns_eps, form=self.ns_form)
-            results = self._orthogonalize([inputs[i] for i in idx], [matrices[i][1][1] for i in idx], ns)
-            for i, O in zip(idx, results, strict=True):
-                group, (_, (rows, cols), _, _), params = matrices[i]
-                lr, weight_decay = traced(group["lr"], params[0]), traced(group["weight_decay"], params[0])
-                apply_orthogonal_update_(
-                    [local(p) for p in params],
-                    O,
-                    lr=lr,
-                    weight_decay=weight_decay,
-                    scale=self._scale(rows, cols),
-                )
-        self._after_step([p for _, _, params in matrices for p in params])
-        return loss
-
-    def _clip_scales(self, matrices: list) -> list:
-        """Per matrix bucket, the clip scales of c (MARS-M): 0-dim tensors, or 1.0 (no clip)."""
-        return [1.0] * len(matrices)
-
-    def _matrix_momentum(self, group: dict, params: list, scales) -> torch.Tensor:
-        """The momentum update of a bucket of same-shaped matrices; returns their bfloat16 Newton-Schulz
-        inputs (n, rows here, cols): this rank's pieces when sharded."""
-        grads = [as_matrix(local(p.grad)) for p in params]
-        X = torch.empty((len(params), *grads[0].shape), dtype=torch.bfloat16, device=grads[0].device)
-        self._momentum(group, grads, [self.state[p] for p in params], list(X.unbind(0)), scales)
-        return X
-
-    def _buckets(self, group: dict) -> dict[tuple, list]:
-        """The group's tensors with a gradient: matrices by (MATRIX, (rows, cols), device, dtype), one
-        batched Newton-Schulz each; the rest by (ADAMW, device, dtype, step count), one AdamW kernel
-        call each. Creates the missing state buffers."""
-        buckets = defaultdict(list)
-        for p in group["params"]:
-            if p.grad is None or p.numel() == 0:
-                continue
-            _checks.dense_grad(self.owner, p)
-            state = self.state[p]
-            if self._is_matrix(p, group):
-                ensure_buffers(state, p, self.matrix_buffers)
-                buckets[(MATRIX, matrix_shape(p), p.device, p.dtype)].append(p)
-            else:
-                count = step_counter(state)
-                ensure_buffers(state, p, ("exp_avg", "exp_avg_sq"))
-                buckets[(ADAMW, p.device, p.dtype, bucket_step(count))].append(p)
-        return buckets
-
-    def _adamw_update(self, group: dict, key: tuple, ps: list) -> None:
-        step = advance_steps([self.state[p] for p in ps], key[-1])
-        params = [local(p) for p in ps]
-        m = [local(self.state[p]["exp_avg"]) for p in ps]
-        v = [local(self.state[p]["exp_avg_sq"]) for p in ps]
-        adam = adam_hyper(
-            lr=traced(group["lr"], ps[0]),
-            weight_decay=traced(group["weight_decay"], ps[0]),
+    def _update(self, group: dict, role: str, params: list, step, scales) -> None:
+        """AdamW on the tensors that are not orthogonalised (embeddings, head, 1-D), with the group's
+        lr and weight_decay."""
+        self._adam(
+            params,
+            step,
+            lr=group_value(group, "lr", params[0]),
+            weight_decay=group_value(group, "weight_decay", params[0]),
             betas=group["adamw_betas"],
             eps=group["adamw_eps"],
-            step=step,
-            params=params,
-            eps_form=self.adamw_eps_form,
+            eps_form="moonlight" if self.form == "moonlight" else "torch",
         )
-        grads = [local(p.grad) for p in ps]
-        _kernels.update(rules.adamw, [params, grads, m, v], [params, m, v], fused=self.fused, **adam)
 
-    def _buffers_of(self, states: list, name: str) -> list:
-        return [as_matrix(local(s[name])) for s in states]
+    def _ns_setting(self, group: dict) -> tuple[int, float]:
+        return group["ns_steps"], NS_EPS
+
+    def _momentum(self, group: dict, params: list, grads: list, outs: list, scales) -> None:
+        """Update the momentum of same-shaped matrices (grads: local matrices) with `momentum_rule`; write
+        the Newton-Schulz inputs to outs (MARS-M overrides this: c_t, with its clip scales)."""
+        bufs = self._buffers_of(params, "momentum_buffer")
+        _kernels.update(
+            self.momentum_rule,
+            [grads, bufs],
+            [bufs, outs],
+            fused=self.fused,
+            options={"nesterov": group["nesterov"]},
+            beta=group["momentum"],
+        )
 
 
 class Muon(MatrixOptimizer):
@@ -273,6 +177,7 @@ class Muon(MatrixOptimizer):
     """
 
     owner = "Muon"
+    momentum_rule = staticmethod(rules.sgd_momentum)
 
     @reference_names
     def __init__(
@@ -293,8 +198,6 @@ class Muon(MatrixOptimizer):
         fused=None,
         process_group=None,
     ):
-        _checks.non_negative(self.owner, "lr_1d", lr_1d)
-        _checks.non_negative(self.owner, "weight_decay_1d", weight_decay_1d)
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -309,28 +212,11 @@ class Muon(MatrixOptimizer):
             muon_params,
             adamw_params,
             defaults,
-            fused,
-            adamw_group_defaults={"lr": lr_1d, "weight_decay": weight_decay_1d},
+            fused=fused,
             process_group=process_group,
+            options=dict(lr_1d=lr_1d, weight_decay_1d=weight_decay_1d),
+            adamw_group_defaults={"lr": lr_1d, "weight_decay": weight_decay_1d},
         )
-
-    def _validate_group(self, group: dict) -> None:
-        super()._validate_group(group)
-        _checks.flag(self.owner, "nesterov", group["nesterov"])
-
-    def _momentum(self, group, grads, states, outs, scales) -> None:
-        bufs = self._buffers_of(states, "momentum_buffer")
-        _kernels.update(
-            rules.sgd_momentum,
-            [grads, bufs],
-            [bufs, outs],
-            fused=self.fused,
-            options={"nesterov": group["nesterov"]},
-            momentum=group["momentum"],
-        )
-
-    def _scale(self, rows: int, cols: int) -> float:
-        return max(1.0, rows / cols) ** 0.5
 
 
 class Moonlight(MatrixOptimizer):
@@ -349,8 +235,8 @@ class Moonlight(MatrixOptimizer):
     """
 
     owner = "Moonlight"
-    ns_form = "moonlight"
-    adamw_eps_form = "moonlight"
+    momentum_rule = staticmethod(rules.ema_momentum)
+    form = "moonlight"
 
     @reference_names
     def __init__(
@@ -378,56 +264,34 @@ class Moonlight(MatrixOptimizer):
             adamw_betas=tuple(betas_1d),
             adamw_eps=eps,
         )
-        super().__init__(params, muon_params, adamw_params, defaults, fused, process_group=process_group)
-
-    def _validate_group(self, group: dict) -> None:
-        super()._validate_group(group)
-        _checks.flag(self.owner, "nesterov", group["nesterov"])
-
-    def _momentum(self, group, grads, states, outs, scales) -> None:
-        bufs = self._buffers_of(states, "momentum_buffer")
-        _kernels.update(
-            rules.ema_momentum,
-            [grads, bufs],
-            [bufs, outs],
-            fused=self.fused,
-            options={"nesterov": group["nesterov"]},
-            beta=group["momentum"],
+        super().__init__(
+            params, muon_params, adamw_params, defaults, fused=fused, process_group=process_group
         )
-
-    def _scale(self, rows: int, cols: int) -> float:
-        return 0.2 * max(rows, cols) ** 0.5
 
 
 @dataclass
-class MuonConfig(ConfigChecks):
-    """optimizer=muon. GPT-2 small reference: lr 2e-2, wd 0, Nesterov momentum 0.95, 5 Newton-Schulz
-    steps; embeddings, head and 1-D tensors take AdamW with lr_1d 3e-3, betas_1d (0.9, 0.95), wd 0.1."""
+class MuonConfig(OptimizerConfig):
+    """optimizer=muon: the GPT-2 small reference run's values (docs/algorithms.md section 6)."""
 
     name: str = "muon"
     lr: float = 2e-2
     weight_decay: float = 0.0
-    momentum: float = 0.95
+    momentum: float = 0.95  # Nesterov momentum
     nesterov: bool = True
-    ns_steps: int = 5
+    ns_steps: int = 5  # Newton-Schulz iterations
     lr_1d: float = 3e-3  # the AdamW side (embeddings, head, 1-D tensors)
     betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay_1d: float = 0.1
     eps: float = 1e-8
     fused: bool | None = None
-
-    def validate(self) -> None:
-        self._non_negative("lr", "weight_decay", "lr_1d", "weight_decay_1d", "eps")
-        self._fraction("momentum")
-        self._pair_of_fractions("betas_1d")
-        self._at_least_one("ns_steps")
+    value_checks = VALUE_CHECKS
 
 
 @dataclass
-class MoonlightConfig(ConfigChecks):
-    """optimizer=moonlight, as in the MARS-M paper's GPT-2 small runs: lr 6e-3, momentum 0.95, wd 0.1
-    (decoupled, unscaled lr), update scale 0.2 sqrt(max(A, B)); no Nesterov (nesterov: true gives
-    Moonshot's variant). The AdamW side uses the same lr and weight decay, and betas_1d."""
+class MoonlightConfig(OptimizerConfig):
+    """optimizer=moonlight, as in the MARS-M paper's GPT-2 small runs (decoupled weight decay on the
+    unscaled lr, update scale 0.2 sqrt(max(A, B))); nesterov: true gives Moonshot's variant. The AdamW
+    side takes the same lr and weight decay, and betas_1d."""
 
     name: str = "moonlight"
     lr: float = 6e-3
@@ -438,12 +302,7 @@ class MoonlightConfig(ConfigChecks):
     betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     fused: bool | None = None
-
-    def validate(self) -> None:
-        self._non_negative("lr", "weight_decay", "eps")
-        self._fraction("momentum")
-        self._pair_of_fractions("betas_1d")
-        self._at_least_one("ns_steps")
+    value_checks = VALUE_CHECKS
 
 
 register("muon", MuonConfig, Muon, grouping="matrix")

@@ -16,6 +16,9 @@ tensor (a shard, a chunk). Tensor arguments arrive in the compute dtype (float32
 float64 tensors); hyperparameters are numbers or 0-dim tensors (per tensor, such as a clip factor,
 or inside torch.compile).
 
+The matrix optimizers' last step, x <- x (1 - lr wd) - lr scale O on a Newton-Schulz result O, is
+written here too (`orthogonal_scale`, `apply_orthogonal_`), as in-place multi-tensor operations.
+
 g gradient, g_prev previous gradient, c the MARS correction, m and v the first and second moments,
 p the parameter, beta the momentum coefficient, gamma the weight of the correction.
 """
@@ -125,10 +128,10 @@ def lion(p, g, m, *, lr, weight_decay, beta1, beta2):
 # ---- momentum of the matrix optimizers: each returns (new buffer, Newton-Schulz input[, g])
 
 
-def sgd_momentum(g, buf, *, momentum, nesterov: bool):
-    """Muon: buf = momentum buf + g; NS input g + momentum buf (Nesterov) or buf."""
-    buf = buf * momentum + g
-    return buf, (g + buf * momentum if nesterov else buf)
+def sgd_momentum(g, buf, *, beta, nesterov: bool):
+    """Muon: buf = beta buf + g (beta: its momentum); NS input g + beta buf (Nesterov) or buf."""
+    buf = buf * beta + g
+    return buf, (g + buf * beta if nesterov else buf)
 
 
 def ema_momentum(g, buf, *, beta, nesterov: bool):
@@ -147,6 +150,40 @@ def lean_momentum(g, buf, *, beta, a, b):
     """MARS-M's one-buffer form: buf = beta buf + b g; NS input a g + beta buf (see lean_coefficients)."""
     buf = buf * beta + g * b
     return buf, g * a + buf * beta
+
+
+# ---- the orthogonalised step of the matrix optimizers (Muon, Moonlight, MARS-M, MARS-Shampoo)
+
+
+def orthogonal_scale(form: str, rows: int, cols: int) -> float:
+    """The scale of the orthogonalised update O of a rows x cols matrix: sqrt(max(1, rows/cols)) in the
+    reference form (Muon, MARS-Shampoo), 0.2 sqrt(max(rows, cols)) in Moonlight's (Moonlight, MARS-M),
+    which gives the update AdamW's typical RMS."""
+    if form == "moonlight":
+        return 0.2 * max(rows, cols) ** 0.5
+    return max(1.0, rows / cols) ** 0.5
+
+
+def apply_orthogonal_(params: list, O, *, lr, weight_decay, scale: float) -> None:
+    """x <- x (1 - lr wd) - lr scale O_i: `decoupled` for the orthogonalised updates O (a batch (n, rows,
+    cols), or a list of matrices), each shaped like params[i] as a matrix (a rank's pieces when sharded).
+
+    Unlike the rules above it writes in place, with the reference codes' two multi-tensor operations
+    (no kernel): O is bfloat16 (Newton-Schulz runs in bfloat16 by design) and is applied in each
+    parameter's own dtype, so a float64 parameter keeps float64 precision outside O itself. lr and
+    weight_decay are numbers, or 0-dim tensors inside torch.compile."""
+    if isinstance(weight_decay, torch.Tensor) or weight_decay:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    updates = [o if o.shape == p.shape else o.reshape(p.shape) for o, p in zip(O, params, strict=True)]
+    if isinstance(lr, torch.Tensor):
+        updates = [o.to(p.dtype) for o, p in zip(updates, params, strict=True)]
+        torch._foreach_mul_(updates, -lr * scale)
+        torch._foreach_add_(params, updates)
+    else:
+        torch._foreach_add_(params, updates, alpha=-lr * scale)
+
+
+# ---- MARS-M's one-buffer form
 
 
 def coefficients(correction, gamma, beta):

@@ -389,15 +389,6 @@ def _check_optimizer(cfg: Any) -> None:
     node = get(cfg, "optimizer")
     try:
         opt = make_config(OmegaConf.to_object(node) if OmegaConf.is_config(node) else node)
-        opt.validate()
+        opt.validate(max_steps=int(get(cfg, "train.max_steps")))
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
-    schedule = getattr(opt, "gamma_schedule", None)
-    max_steps = int(get(cfg, "train.max_steps"))
-    if schedule is not None and schedule.name != "constant" and schedule.decay_steps is None:
-        if max_steps <= schedule.warmup_steps:
-            raise ConfigError(
-                "optimizer.gamma_schedule ends before it starts: its decay ends at train.max_steps="
-                f"{max_steps}, not after warmup_steps={schedule.warmup_steps}; set decay_steps or lower "
-                "warmup_steps"
-            )

@@ -89,19 +89,13 @@ class GammaSchedule:
 
     def __init__(self, peak: float, cfg, max_steps: int):
         try:
-            cfg.validate(peak)
+            cfg.validate(peak, max_steps)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.peak, self.name = float(peak), cfg.name
         self.start, self.end = float(cfg.start), float(cfg.end)
         self.warmup_steps = int(cfg.warmup_steps)
         self.decay_steps = int(cfg.decay_steps if cfg.decay_steps is not None else max_steps)
-        if self.name != "constant" and self.decay_steps <= self.warmup_steps:
-            raise ConfigError(
-                f"optimizer.gamma_schedule ends before it starts: its decay ends at train.max_steps="
-                f"{max_steps}, not after warmup_steps={self.warmup_steps}; set decay_steps or lower "
-                "warmup_steps"
-            )
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:

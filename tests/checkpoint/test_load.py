@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from mars.checkpoint import (
     latest_checkpoint,
     load_model,
 )
-from mars.model.io import save_model
+from mars.checkpoint.model_dir import save_model
 
 
 def make_step(root, step, model, meta=True, config_yaml=None):
@@ -36,7 +37,7 @@ def test_round_trip(tmp_path, make_model):
     model = make_model(bias=True, dropout=0.1, scale_attn_by_inverse_layer_idx=False)
     out = save_model(model, tmp_path / "m")
     assert sorted(p.name for p in out.iterdir()) == ["model.json", "model.safetensors"]
-    assert json.loads((out / "model.json").read_text()) == model.config.to_dict()
+    assert json.loads((out / "model.json").read_text()) == dataclasses.asdict(model.config)
     stored = load_file(str(out / "model.safetensors"))
     assert "lm_head.weight" not in stored and "transformer.wte.weight" in stored  # tied matrix stored once
 
@@ -224,7 +225,7 @@ def test_a_model_json_without_arch_is_gpt2_and_a_llama_one_loads_as_llama(tmp_pa
 
 def test_a_checkpoint_of_one_architecture_is_refused_for_the_other_in_one_line(tmp_path, make_model):
     from mars.checkpoint import CheckpointMismatchError, check_model_shape
-    from mars.model.config import GPTConfig
+    from mars.model.gpt import GPTConfig
     from mars.model.llama import Llama, LlamaConfig
 
     gpt = make_step(tmp_path / "gpt", 1, make_model())

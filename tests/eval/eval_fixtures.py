@@ -1,14 +1,14 @@
 """Helpers of the eval tests (a module name of its own: test dirs share one import namespace)."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import torch
 import yaml
 
-from mars.model.config import GPTConfig
-from mars.model.gpt import GPT
-from mars.model.io import save_model
+from mars.checkpoint.model_dir import save_model
+from mars.model.gpt import GPT, GPTConfig
 from mars.model.llama import Llama, LlamaConfig
 
 TINY = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)
@@ -33,7 +33,7 @@ def write_checkpoint(
     step_dir = run_dir / "ckpt" / f"step_{step:08d}"
     save_model(model, step_dir)
     run_config = {
-        "model": model.config.to_dict(),
+        "model": dataclasses.asdict(model.config),
         "data": {"tokenizer": tokenizer},
         "train": {"max_steps": step},
     }

@@ -1,5 +1,6 @@
 """python -m eval: checkpoints end to end, output files, compare, wandb payload, one-line errors."""
 
+import dataclasses
 import importlib.machinery
 import json
 import os
@@ -152,7 +153,7 @@ def _bad_checkpoints(tmp_path):
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model.safetensors").write_bytes(b"\x00garbage")
-    (tmp_path / "bad" / "model.json").write_text(json.dumps(TINY.to_dict()))
+    (tmp_path / "bad" / "model.json").write_text(json.dumps(dataclasses.asdict(TINY)))
 
 
 @pytest.mark.parametrize(
@@ -165,7 +166,7 @@ def _bad_checkpoints(tmp_path):
     ],
 )
 def test_checkpoint_errors_name_the_path(tmp_path, target, expected):
-    from mars.model.io import CheckpointError
+    from mars.checkpoint import CheckpointError
 
     _bad_checkpoints(tmp_path)
     with pytest.raises(CheckpointError) as err:

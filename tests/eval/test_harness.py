@@ -8,6 +8,7 @@ import torch
 from eval_fixtures import tiny_gpt, tiny_llama, write_checkpoint
 
 from mars.checkpoint import load_model
+from mars.checkpoint.export import export_hf
 from mars.eval.harness import (
     _loaded_tasks,
     evaluate_model,
@@ -17,7 +18,6 @@ from mars.eval.harness import (
     unwrap,
 )
 from mars.eval.tasks import LOCAL_TASKS_DIR
-from mars.model.hf import export_hf
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from mars.model import flops
-from mars.model.config import PRESETS
-from mars.model.flops import PEAK_FLOPS_ENV, count_params, flops_per_token, mfu, peak_flops
+from mars.model.flops import PEAK_FLOPS_ENV, mfu, peak_flops
+from mars.model.gpt import PRESETS, count_params, flops_per_token
 
 
 def test_gpt2_small_flops_per_token():

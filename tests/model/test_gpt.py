@@ -4,9 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mars.model.config import PRESETS, GPTConfig
-from mars.model.flops import count_params
-from mars.model.gpt import GPT
+from mars.model.gpt import GPT, PRESETS, GPTConfig, count_params
 
 
 def test_forward_shapes_and_loss(make_model):
@@ -193,7 +191,7 @@ def test_model_json_from_before_the_activation_field_loads_as_exact_gelu(tmp_pat
     import json
 
     from mars.checkpoint import CheckpointError, load_model
-    from mars.model.io import save_model
+    from mars.checkpoint.model_dir import save_model
 
     save_model(make_model(), tmp_path)
     cfg = json.loads((tmp_path / "model.json").read_text())

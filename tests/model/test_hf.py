@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from mars.checkpoint.export import export_hf
+from mars.checkpoint.model_dir import save_model
 from mars.data.tokenizer import VOCAB_SIZE, get_tokenizer
-from mars.model.config import PRESETS
-from mars.model.gpt import GPT
-from mars.model.hf import export_hf, from_hf, scale_is_honoured, to_hf
-from mars.model.io import save_model
+from mars.model.gpt import GPT, PRESETS
+from mars.model.hf import from_hf, to_hf
+from mars.model.hf_gpt2 import scale_is_honoured
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import export_hf as export_script  # noqa: E402

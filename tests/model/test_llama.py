@@ -94,8 +94,8 @@ def test_import_of_a_plain_transformers_llama_and_what_it_refuses():
 def test_export_dir_has_both_rope_spellings_and_loads_offline(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mars.model.hf import export_hf
-    from mars.model.io import save_model
+    from mars.checkpoint.export import export_hf
+    from mars.checkpoint.model_dir import save_model
 
     model = make_llama(vocab_size=50304, tie_embeddings=False, n_kv_head=2)
     save_model(model, tmp_path / "ckpt")

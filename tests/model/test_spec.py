@@ -19,7 +19,7 @@ from mars.model.spec import ModelSpec, arch, arch_names, model_config, register_
 
 def test_the_built_in_architectures_and_their_configs():
     assert arch_names()[:2] == ("gpt2", "llama")
-    assert arch("llama").title == "LLaMA" and arch("gpt2").hf_adapter == "mars.model.hf"
+    assert arch("llama").title == "LLaMA" and arch("gpt2").hf_adapter == "mars.model.hf_gpt2"
     with pytest.raises(
         ValueError, match=r"model\.arch='mamba' is not a known architecture; choose one of gpt2, llama"
     ):
@@ -111,7 +111,7 @@ def toy(monkeypatch):
 
 def test_a_registered_architecture_is_built_grouped_saved_and_loaded_without_other_code(toy, tmp_path):
     from mars.checkpoint import CheckpointMismatchError, check_model_shape, load_model
-    from mars.model.io import save_model
+    from mars.checkpoint.model_dir import save_model
     from mars.optim import param_groups
     from mars.train.trainer import build_model
 

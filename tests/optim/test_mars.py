@@ -343,7 +343,8 @@ def test_default_path_uses_the_compiled_kernels_where_a_compiler_exists():
     p, q = torch.nn.Parameter(torch.randn(256, 160)), torch.nn.Parameter(torch.randn(5))
     p.grad, q.grad = torch.randn(256, 160), torch.randn(5)
     MARS([p, q], optimize_1d=True).step()
-    assert "mars_adamw" in _kernels.compiled_rules()  # c clipped by its own norm inside the kernel
+    compiled = {k.name for k in _kernels._KERNELS.values() if k._compiled is not None}
+    assert "mars_adamw" in compiled  # c clipped by its own norm inside the kernel
 
 
 def test_mars_optim_fused_0_makes_the_multi_tensor_path_the_default(monkeypatch):

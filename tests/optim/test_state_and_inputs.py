@@ -16,9 +16,9 @@ from optim_helpers import (
     set_random_grads,
 )
 
-from mars.optim import MARS, MARSM, OPTIMIZER_NAMES, Lion, Moonlight, Muon, build_optimizer, set_lr_factor
+from mars.optim import MARS, MARSM, Lion, Moonlight, Muon, build_optimizer, optimizer_names, set_lr_factor
 
-VARIANTS = [{"name": n} for n in OPTIMIZER_NAMES] + [
+VARIANTS = [{"name": n} for n in optimizer_names()] + [
     {"name": "mars_adamw", "approx": False},
     {"name": "mars_m", "approx": False},
     {"name": "mars_m", "lean": True},

@@ -204,7 +204,8 @@ def test_two_nodes_train_as_one_process(two_nodes):
 
 def test_rank_0_alone_writes_and_holds_the_run_dir(two_nodes):
     """One writer: the node of rank 0 holds the run dir; the other node's agent and rank wrote nothing of
-    their own (no outputs/, no .hydra/, no train.log, no outcome.json), and there is one lock, in the run dir."""
+    their own (no outputs/, no .hydra/, no train.log, no outcome.json), and there is one lock, in the run
+    dir."""
     writer = next(c for c in two_nodes.cwds if two_nodes.run_dir.is_relative_to(c))
     other = next(c for c in two_nodes.cwds if c != writer)
     assert list(other.iterdir()) == []

@@ -3,9 +3,8 @@
 ``model.safetensors`` holds the state_dict with a tied matrix stored once (GPT-2's wte/lm_head under
 ``transformer.wte.weight``; the spec's ``tied`` says which); ``model.json`` holds the model config,
 its ``arch`` naming the architecture (a file without one, written before there were two, is GPT-2's).
-A training checkpoint holds such a
-pair (see mars.checkpoint.layout, which owns the checkpoint layout and finds checkpoints); so does a
-directory written by ``save_model`` on its own.
+A training checkpoint holds such a pair (mars.checkpoint.layout names the files); so does a directory
+written by ``save_model`` on its own.
 """
 
 from __future__ import annotations
@@ -22,20 +21,10 @@ from safetensors.torch import load_file, save_file
 
 from mars.checkpoint.layout import MODEL_CONFIG, MODEL_WEIGHTS, CheckpointError, read_json_object
 from mars.files import write_atomic
+from mars.model.lm import copy_full_, unwrap_model
 from mars.model.spec import DEFAULT_ARCH, ModelSpec, arch, arch_names, check_values, model_config, spec_of
 
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DistributedDataParallel
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model inside DistributedDataParallel and/or torch.compile wrappers (FSDP2 wraps in place)."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
 
 
 def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -171,16 +160,3 @@ def load_weights(model: nn.Module, model_dir: str | os.PathLike) -> None:
     check_weights_fit(model, tensors, file)
     for name, param in _model(model).state_dict(keep_vars=True).items():
         copy_full_(param, tensors[name])
-
-
-def copy_full_(dest: torch.Tensor, full: torch.Tensor) -> None:
-    """dest <- full, where dest may be a DTensor (then only this rank's shard is copied)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(dest, DTensor):
-        piece = distribute_tensor(
-            full.to(dest.dtype), dest.device_mesh, dest.placements, src_data_rank=None
-        ).to_local()
-        dest.to_local().copy_(piece)
-    else:
-        dest.data.copy_(full)

@@ -14,14 +14,16 @@ install:
 train: install
 	$(PYTHON) train.py $(ARGS)
 
+# The fast suite runs on every core (pytest-xdist); the slow one, whose tests start several processes
+# each and time their collectives, one test at a time.
 test: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -m "not slow" -n auto
 	$(PYTHON) -m pytest -q -m slow
 
 test-fast: install
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -m "not slow" -n auto
 
 lint:
 	$(PYTHON) -m ruff check .

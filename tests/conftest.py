@@ -15,13 +15,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # conftest puts the default back) checks them, everything else (and its subprocesses) runs the
 # multi-tensor path, which they are tested equal to.
 os.environ.setdefault("MARS_OPTIM_FUSED", "0")
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Under pytest-xdist (make test: -n auto) each worker takes one core: the tiny models gain nothing from
+# a second thread, and the workers would fight over it.
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
+torch.set_num_threads(THREADS)
 
 
 @pytest.fixture(autouse=True)

@@ -172,6 +172,11 @@ def size_of(name: str, overrides, cfg: Any, spec: dict) -> Size:
                 f"{warmup}, schedule.decay_fraction={cfg.schedule.decay_fraction}): no stable phase to fork "
                 f"from; give budgets of at least {warmup + 2} steps or lower schedule.warmup_steps"
             )
+        if start >= b:
+            raise StudyError(
+                f"study.budgets: {b} steps leaves no whole step to cool down in (its wsd decay would start "
+                f"at step {start}, schedule.decay_fraction={cfg.schedule.decay_fraction}); give a longer one"
+            )
         forks.append(start)
     return Size(name, tuple(overrides), tuple(steps), per_step, tuple(forks[:-1]), non_embedding_params(cfg))
 

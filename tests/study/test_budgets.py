@@ -1,0 +1,127 @@
+"""Budgets and sizes in a study (mars.study.budgets) on the fake trainer: one trunk per arm, seed and size
+with a cooldown branch per smaller budget, forked at the decay start; resuming redoes only what is
+missing; every bad budget or size is one line before anything runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from study_helpers import FakeLauncher, driver_of, run_fake
+
+from mars.study.errors import StudyError
+
+BASE = ["schedule=wsd", "train.max_steps=32"]
+SIZES = {"s": ["model.n_embd=32"], "m": ["model.n_embd=64"]}
+
+
+def ladder_study(directory, base=BASE, **changes):
+    """The smoke spec with budgets 8/16/32 steps, sizes s and m, 3 seeds, and `base` added to its base."""
+    from study_helpers import set_key, smoke_spec
+
+    from mars.study.spec import check_spec
+
+    spec = smoke_spec()
+    spec["dir"] = str(directory)
+    spec["base"] = [*spec["base"], *base]
+    changes = {"budgets": [8, 16, 32], "sizes": SIZES, "final__seeds": [1, 2, 3], **changes}
+    for key, value in changes.items():
+        set_key(spec, key.replace("__", "."), value)
+    return check_spec(spec)
+
+
+def overrides_of(run_dir) -> dict:
+    import yaml
+
+    items = yaml.safe_load((run_dir / ".hydra/overrides.yaml").read_text())
+    return dict(i.split("=", 1) for i in items)
+
+
+def test_one_trunk_per_arm_seed_and_size_and_a_branch_per_smaller_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SPEEDUP", "1.5")
+    launcher = FakeLauncher()
+    driver = run_fake(ladder_study(tmp_path / "st"), launcher)
+    assert [(z.name, z.budgets, z.forks) for z in driver.sizes] == [
+        ("s", (8, 16, 32), (7, 13)),
+        ("m", (8, 16, 32), (7, 13)),
+    ]
+    finals = sorted(d.name for d, _ in launcher.started if d.parent.parent.name == "final")
+    assert len(finals) == 2 * 3 * 2 * 3  # arms x seeds x sizes x budgets: each one run, nothing twice
+    final = tmp_path / "st" / "final" / "adamw"
+    trunk, branch = final / "top1-seed2-m-b32", final / "top1-seed2-m-b8"
+    assert overrides_of(trunk)["train.max_steps"] == "32"
+    assert overrides_of(trunk)["train.ckpt_steps"] == "[7,13]"  # every smaller budget's decay start
+    assert "train.fork_from" not in overrides_of(trunk)
+    assert overrides_of(branch)["train.max_steps"] == "8" and overrides_of(branch)["model.n_embd"] == "64"
+    assert overrides_of(branch)["train.fork_from"].strip("'") == str(trunk / "ckpt" / "step_00000007")
+    assert json.loads((branch / "lineage.json").read_text())["step"] == 7
+    # the search ran at the first size, at the base's budget
+    assert overrides_of(tmp_path / "st" / "search" / "adamw" / "000")["model.n_embd"] == "32"
+
+
+def test_the_dry_run_prints_tokens_trained_against_standalone_runs(tmp_path):
+    driver = driver_of(ladder_study(tmp_path / "st"))
+    lines = driver.budget_lines()
+    # 4 x 32 = 128 tokens a step; a trunk of 32 steps + cooldowns 8-7 and 16-13 = 36 steps against 56,
+    # x 3 seeds x 2 arms x 2 sizes
+    assert "budgets: the finals train 55,296 tokens, standalone runs would train 86,016 (36% less)" in lines
+    assert any(line.startswith("size s (") and "forks at steps [7, 13]" in line for line in lines)
+
+
+def test_a_resumed_study_runs_only_what_is_missing(tmp_path, monkeypatch):
+    study = ladder_study(tmp_path / "st")
+    monkeypatch.setenv("FAKE_FAIL", "seed2-m-b16")  # a branch fails: the study stops there
+    with pytest.raises(StudyError, match="seed2-m-b16"):
+        run_fake(study)
+    monkeypatch.delenv("FAKE_FAIL")
+    launcher = FakeLauncher()
+    run_fake(study, launcher)
+    again = [(d.name, resume) for d, resume in launcher.started]
+    assert ("top1-seed2-m-b16", True) in again  # the failed branch, in its own dir, forking again
+    assert not any(name.endswith("-b32") for name, _ in again if name.startswith("top1-seed1"))
+    assert all(not name.isdigit() for name, _ in again)  # no search trial reran
+
+
+def test_a_branch_whose_trunk_left_no_fork_point_is_recorded_unrun(tmp_path, monkeypatch):
+    import fake_run
+
+    original = fake_run.write_run
+
+    def no_checkpoints(args):  # the trunk "diverges" before its decay starts: no ckpt_steps saved
+        return original([a for a in args if not a.startswith("train.ckpt_steps=")])
+
+    monkeypatch.setattr(fake_run, "write_run", no_checkpoints)
+    driver = run_fake(ladder_study(tmp_path / "st", sizes={"s": ["model.n_embd=32"]}, final__seeds=[1, 2]))
+    state = driver.arm_state(driver.study.arm("adamw"))
+    branches = [t for t in state.final if t.attrs.get("role") == "branch"]
+    assert len(branches) == 4 and all(t.status == "diverged" for t in branches)
+    assert "left no checkpoint at step 7 to fork from" in branches[0].attrs["message"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "base", "message"),
+    [
+        ({"budgets": [16, 8]}, BASE, "study.budgets=[16, 8] must increase strictly"),
+        ({"budget_unit": "epochs"}, BASE, "study.budget_unit='epochs' is not one of steps, tokens"),
+        ({"budgets": [8, 32]}, ["train.max_steps=32"], "but schedule=cosine; add schedule=wsd"),
+        ({"budgets": [4, 32]}, BASE, "4 steps leaves no whole step to cool down in"),
+        ({"budgets": [1, 32]}, BASE, "1 steps is shorter than warmup plus cooldown"),
+        (
+            {"budgets": [1000, 4096], "budget_unit": "tokens"},
+            BASE,
+            "1000 tokens is not a whole number of steps",
+        ),
+        (
+            {"sizes": {"s": ["train.batch_size=4"]}},
+            BASE,
+            "study.sizes.s: 'train.batch_size=4' is not a model",
+        ),
+        ({"sizes": {"s": [], "l": ["model=llama_tiny"]}}, BASE, "a ladder of sizes keeps one family"),
+        ({"budgets": [8, 32]}, [*BASE, "schedule.decay_steps=30"], "schedule.decay_steps=30 fixes where"),
+    ],
+)
+def test_bad_budgets_and_sizes_are_one_line_before_anything_runs(tmp_path, changes, base, message):
+    with pytest.raises(StudyError, match=message.replace("[", r"\[").replace("(", r"\(")) as e:
+        driver_of(ladder_study(tmp_path / "st", base, **changes))
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "st").exists() or not any((tmp_path / "st").iterdir())

@@ -175,14 +175,23 @@ class BudgetRow:
 
 
 def budget_table(
-    cells: dict[tuple[str, str, int], dict[int, float]], tokens_per_step: dict[str, int], baseline: str
+    cells: dict[tuple[str, str, int], dict[int, float]],
+    tokens_per_step: dict[str, int],
+    baseline: str,
+    order: list[str] | None = None,
 ) -> list[BudgetRow]:
     """Arm x size x budget: mean +- std over seeds and, for every arm but the baseline, the paired
     comparison with the baseline at the same size and budget on the seeds both ran; Holm over all the
     table's comparisons (one family: every budget and size is a look at the same question).
-    `cells`: (arm, size, steps) -> {seed: final loss}; `tokens_per_step`: size -> tokens of one step."""
+    `cells`: (arm, size, steps) -> {seed: final loss}; `tokens_per_step`: size -> tokens of one step; rows
+    by size (in `order`, else as first seen), budget, then arm."""
     rows = []
-    for (arm, size, steps), by_seed in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+    sizes, arms = list(dict.fromkeys(z for _, z, _ in cells)), list(dict.fromkeys(a for a, _, _ in cells))
+    if order is not None:
+        sizes = [z for z in order if z in sizes] + [z for z in sizes if z not in order]
+    for (arm, size, steps), by_seed in sorted(
+        cells.items(), key=lambda kv: (sizes.index(kv[0][1]), kv[0][2], arms.index(kv[0][0]))
+    ):
         values = [by_seed[s] for s in sorted(by_seed)]
         mean, std = mean_std(values)
         row = BudgetRow(arm, size, steps * tokens_per_step[size], steps, mean, std, len(values))
@@ -198,3 +207,80 @@ def budget_table(
     for r, p in zip(tested, holm([r.comparison.p for r in tested]), strict=True):
         r.p_holm = p
     return rows
+
+
+# ----------------------------------------------------------------------------- a whole ladder
+
+
+@dataclass(frozen=True)
+class SizeInfo:
+    name: str
+    tokens_per_step: int
+    params: int  # non-embedding
+
+
+@dataclass
+class Ladder:
+    """The finals of a study with budgets and sizes: (arm, size, steps) -> {seed: final loss}."""
+
+    cells: dict[tuple[str, str, int], dict[int, float]]
+    sizes: list[SizeInfo]  # smallest first
+    arms: list[str]
+    baseline: str
+
+    def finals(self, arm: str, size: SizeInfo) -> Finals:
+        """{tokens: {seed: loss}} of one arm at one size."""
+        return {
+            float(steps * size.tokens_per_step): dict(v)
+            for (a, z, steps), v in self.cells.items()
+            if a == arm and z == size.name
+        }
+
+    def at_budget(self, arm: str, steps: int) -> Finals:
+        """{parameters: {seed: loss}} of one arm at one budget in steps, over the sizes."""
+        return {float(z.params): dict(self.cells[(arm, z.name, steps)]) for z in self.sizes
+                if (arm, z.name, steps) in self.cells}  # fmt: skip
+
+    @property
+    def budgets(self) -> list[int]:
+        return sorted({steps for _, _, steps in self.cells})
+
+
+@dataclass
+class Analysis:
+    """Every fit of a ladder, each a value or the one-line reason it could not be made."""
+
+    loss_fits: dict[tuple[str, str], PowerLaw | str]  # (arm, size) -> L(D)
+    loss_intervals: dict[tuple[str, str], dict[str, Interval | str]]
+    size_fits: dict[tuple[str, int], PowerLaw | str]  # (arm, steps) -> L(N), N non-embedding params
+    speedups: dict[tuple[str, str], list[SpeedupPoint]]  # (arm, size) -> at each measured budget
+    speedup_curves: dict[tuple[str, str], list[SpeedupPoint]]  # (arm, size) -> a grid to EXTRAPOLATE x
+    extrapolate: float
+
+
+def analyse(ladder: Ladder, extrapolate: float = EXTRAPOLATE, grid: int = 30) -> Analysis:
+    loss_fits, loss_iv, size_fits, speedups, curves = {}, {}, {}, {}, {}
+    for size in ladder.sizes:
+        for arm in ladder.arms:
+            finals = ladder.finals(arm, size)
+            seeds = common_seeds(finals)
+            what = f"{arm}{f' at size {size.name}' if size.name else ''}"
+            loss_fits[(arm, size.name)] = fit(finals, seeds, what)
+            loss_iv[(arm, size.name)] = parameter_intervals(finals, seeds, what)
+            if arm == ladder.baseline:
+                continue
+            base = ladder.finals(ladder.baseline, size)
+            sf = SpeedupFits(
+                finals, base, what, f"{ladder.baseline}{f' at size {size.name}' if size.name else ''}"
+            )
+            measured = sorted(d for d in finals if d in base)
+            if measured:
+                speedups[(arm, size.name)] = [sf.at(d) for d in measured]
+                curves[(arm, size.name)] = sf.curve(measured[0], extrapolate * measured[-1], grid)
+    if len(ladder.sizes) > 1:
+        for arm in ladder.arms:
+            for steps in ladder.budgets:
+                finals = ladder.at_budget(arm, steps)
+                what = f"{arm} at {steps} steps"
+                size_fits[(arm, steps)] = fit(finals, common_seeds(finals), what, x="parameters")
+    return Analysis(loss_fits, loss_iv, size_fits, speedups, curves, extrapolate)

@@ -532,6 +532,9 @@ class Driver:
                 "command: the study resumes, rerunning this trial in its own dir"
             )
         st, number = job.study, job.trial.number
+        if job.trial.attrs.get("role") == ladder.BRANCH:  # the tokens it trained: its trunk's are not its own
+            per_step = self.size_of[job.trial.attrs["size"]].tokens_per_step
+            result.tokens = max(0.0, result.tokens - int(job.trial.attrs["fork_step"]) * per_step)
         result_attrs = {
             "status": result.status,
             "message": result.message,

@@ -262,7 +262,7 @@ def check_spec(spec: dict) -> Study:
         if any(c in str(arm_name) for c in "/\\:") or not str(arm_name).strip():
             raise StudyError(f"{where}: an arm's name must be a plain name (it names dirs)")
         _check_overrides(arm["overrides"], f"{where}.overrides")
-        space = parse_space(arm["search"] or {}, f"{where}.search")
+        space = parse_space(arm["search"], f"{where}.search") if arm["search"] else {}
         for arg in [*spec["base"], *arm["overrides"]]:
             if _key(arg) in space:
                 raise StudyError(

@@ -125,3 +125,39 @@ def test_bad_budgets_and_sizes_are_one_line_before_anything_runs(tmp_path, chang
         driver_of(ladder_study(tmp_path / "st", base, **changes))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "st").exists() or not any((tmp_path / "st").iterdir())
+
+
+def test_the_report_recovers_a_known_speedup_at_every_budget_and_size(tmp_path, monkeypatch):
+    """Both arms at their fake optimum with nothing searched (the finals only); the fake law gives every
+    arm but adamw exactly 1.5x the data: the fits find 1.5 at each budget, and beyond them, labelled."""
+    from mars.study.report import write_study_report
+
+    monkeypatch.setenv("FAKE_SPEEDUP", "1.5")
+    fixed = {
+        "arms": {
+            "adamw": {"overrides": ["optimizer=adamw", "optimizer.lr=0.003"], "search": {}, "trials": None},
+            "mars_adamw": {
+                "overrides": ["optimizer=mars_adamw", "optimizer.lr=0.003", "optimizer.gamma=0.04"],
+                "search": {},
+                "trials": None,
+            },
+        }
+    }
+    launcher = FakeLauncher()
+    driver = run_fake(ladder_study(tmp_path / "st", **fixed), launcher)
+    assert not any(d.parent.parent.name == "search" for d, _ in launcher.started)  # nothing to search
+    written = write_study_report(driver)
+    md = (tmp_path / "st" / "report" / "study.md").read_text()
+    ladder = json.loads((tmp_path / "st" / "report" / "study.json").read_text())["ladder"]
+    measured = ladder["speedups"]  # sizes x budgets, the interval on the truth (the noise is paired)
+    assert [p["tokens"] for p in measured] == [1024, 2048, 4096] * 2
+    assert all(p["speedup"] == pytest.approx(1.5, rel=1e-4) for p in measured)
+    assert all(p["interval"]["low"] <= 1.5 + 1e-6 and p["interval"]["high"] >= 1.5 - 1e-6 for p in measured)
+    last = [p for p in ladder["speedup_curves"] if p["extrapolation"] > 3.99]
+    assert last and all(p["speedup"] == pytest.approx(1.5, rel=1e-3) for p in last)
+    assert "x4 beyond the largest budget" in md and "### Budget table" in md
+    # 2 sizes: no L(N) fit, said in one line per arm and budget
+    assert "no fit: needs at least 3 points with parameters > 0, adamw at 32 steps has 2" in md
+    assert {p.name for p in written} >= {"loss_vs_tokens.png", "speedup_vs_tokens.png", "speedup_vs_size.png"}
+    # the verdict (report.py) compares the trunks at the first size, the largest budget
+    assert "top1-seed1-s-b32" in md and "report.md" in {p.name for p in written}

@@ -141,7 +141,7 @@ class Driver:
     def budget_lines(self) -> list[str]:
         from mars.study.preflight import budget_lines
 
-        lines = budget_lines(self.study, self.configs)
+        lines = budget_lines(self.study, self.configs, finals=not self.sizes)
         if self.sizes:
             runs = self.study.spec["final"]["top_k"] * len(self.study.seeds)
             lines += ladder.budget_lines(self.sizes, len(self.study.arms), runs)

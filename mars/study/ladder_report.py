@@ -9,6 +9,8 @@ from pathlib import Path
 
 from mars.analysis.scaling import Analysis, Ladder, SizeInfo, analyse, budget_table, extrapolation_label
 
+UNRESOLVED = 100.0  # an interval wider than this factor is marked "unresolved"
+
 
 def ladder_of(driver, arms) -> Ladder:
     """The best finalist's finals of every arm (`arms`: the report's ArmReports), by size and budget."""
@@ -28,7 +30,11 @@ def ladder_of(driver, arms) -> Ladder:
 
 
 def _iv(iv) -> str:
-    return f"({iv.low:.3g} to {iv.high:.3g})" if not isinstance(iv, str) else f"(no interval: {iv})"
+    """An interval; one spanning more than a factor 100 is marked unresolved (the fit could be anything)."""
+    if isinstance(iv, str):
+        return f"(no interval: {iv})"
+    wide = "unresolved: " if not iv.low > 0 or iv.high / iv.low > UNRESOLVED else ""
+    return f"({wide}{iv.low:.3g} to {iv.high:.3g})"
 
 
 def _fit_cell(f, ivals=None) -> list[str]:

@@ -130,3 +130,17 @@ def test_budget_table_pairs_each_budget_with_the_baseline_and_holm_corrects_the_
     ]
     assert [by[("mars", "s", b)].p_holm for b in (100, 200)] == pytest.approx(holm(ps))
     assert by[("mars", "m", 200)].comparison == "the baseline adamw has no run at this size and budget"
+
+
+def test_a_seed_that_throws_a_fit_far_gives_an_unbounded_interval_not_a_crash():
+    """MARS-AdamW's finals on the CPU ladder at width 64: a loss still falling faster per octave at the
+    largest budgets puts E at its bound 0, where leaving a seed out swings it over hundreds of orders of
+    magnitude; the interval's upper end is inf rather than an OverflowError."""
+    finals = {
+        51200: {1: 6.62108302116394, 2: 6.633950233459473, 3: 6.597994863986969},
+        102400: {1: 6.4682698249816895, 2: 6.37189120054245, 3: 6.348406255245209},
+        153600: {1: 6.2970898151397705, 2: 6.202661454677582, 3: 6.0594900250434875},
+        204800: {1: 6.039349257946014, 2: 5.956654727458954, 3: 5.845054566860199},
+    }
+    e = parameter_intervals(finals, [1, 2, 3])["E"]
+    assert e.low < 1e-10 and e.high == math.inf

@@ -101,8 +101,15 @@ def ladder_section(driver, arms, out: Path, table) -> tuple[list[str], list[Path
     L += ["", "### Loss against tokens: L(D) = E + A D^-alpha", ""]
     L.append(
         "Fitted to the seed means at each budget (mars.analysis.scaling; 95% intervals: the paired jackknife "
-        "over seeds, every fit redone per left-out seed). With 3 budgets the curve has as many points as "
-        "parameters and passes through them: the intervals then hold only the seeds' spread."
+        "over seeds, every fit redone per left-out seed). "
+        + (
+            "With 3 budgets the curve has as many points as parameters and passes through them: the "
+            "intervals then hold only the seeds' spread."
+            if len(ladder.budgets) <= 3
+            else f"{len(ladder.budgets)} budgets leave {len(ladder.budgets) - 3} point(s) to spare. An E at "
+            "its bound 0 with an interval spanning orders of magnitude means the losses do not yet bend to "
+            "a floor in this range: E and the extrapolation are not determined."
+        )
     )
     body = [[z.name or "-", arm, *_fit_cell(an.loss_fits[(arm, z.name)], an.loss_intervals[(arm, z.name)])]
             for z in ladder.sizes for arm in ladder.arms]  # fmt: skip

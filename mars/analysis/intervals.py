@@ -21,6 +21,7 @@ degrees of freedom rather than 1.96) is what makes three seeds honest. It is als
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from mars.analysis.significance import LEVEL, satterthwaite
 
+MAX_LOG = math.log(sys.float_info.max)
 # (indices of the group's runs kept, indices of the baseline's runs kept) -> estimate, or why there is none
 Estimate = Callable[[list[int], list[int]], "float | str"]
 
@@ -94,4 +96,5 @@ def jackknife_interval(
         df = satterthwaite(v1, v2, n - 1, n_baseline - 1) if var > 0 else math.inf
     half = float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(var) if var > 0 else 0.0
     centre = math.log(full)
-    return Interval(math.exp(centre - half), math.exp(centre + half), level, method, df)
+    high = math.exp(centre + half) if centre + half < MAX_LOG else math.inf  # a fit's wild seed: no overflow
+    return Interval(math.exp(centre - half), high, level, method, df)

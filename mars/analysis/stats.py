@@ -113,10 +113,18 @@ class PowerLaw:
 
 
 MIN_FIT_POINTS = 4  # three parameters and at least one point to spare
+N_PARAMETERS = 3  # a, b, c: the fewest points a fit can be asked of (mars.analysis.scaling passes it)
 
 
-def fit_power_law(curve: Curve) -> PowerLaw:
-    """Least-squares fit of L(D) = a D^-b + c to the points with D > 0 (scipy's curve_fit).
+def fit_power_law(
+    curve: Curve,
+    min_points: int = MIN_FIT_POINTS,
+    what: str = "the baseline",
+    x_name: str = "tokens",
+    points: str = "evaluations",
+) -> PowerLaw:
+    """Least-squares fit of L(D) = a D^-b + c to the points with D > 0 (scipy's curve_fit). D is any
+    positive size: training tokens (the report's curves, the study's budgets) or parameters.
 
     Tokens are divided by the largest D first so the three parameters are of similar size. The
     start values come from a grid over b, where for each b the best (a, c) is a linear least
@@ -126,10 +134,8 @@ def fit_power_law(curve: Curve) -> PowerLaw:
     from scipy.optimize import curve_fit
 
     pts = [(d, v) for d, v in finite_points(curve) if d > 0]
-    if len(pts) < MIN_FIT_POINTS:
-        raise FitError(
-            f"needs at least {MIN_FIT_POINTS} evaluations with tokens > 0, the baseline has {len(pts)}"
-        )
+    if len(pts) < min_points:
+        raise FitError(f"needs at least {min_points} {points} with {x_name} > 0, {what} has {len(pts)}")
     d = np.array([p[0] for p in pts])
     y = np.array([p[1] for p in pts])
     if y.min() <= 0:
@@ -151,7 +157,7 @@ def fit_power_law(curve: Curve) -> PowerLaw:
         sse = np.sum((a_all[:, None] * x + c_all[:, None] - y) ** 2, axis=1)
     sse[~(a_all > 0) | ~np.isfinite(sse)] = np.inf
     if not np.isfinite(sse).any():
-        raise FitError("the baseline's val loss does not fall with tokens")
+        raise FitError(f"{what}'s loss does not fall as {x_name} grow")
     k = int(np.argmin(sse))
     a0, b0, c0 = float(a_all[k]), float(bs[k]), float(c_all[k])
     eps = 1e-9 * max(c_max, 1.0)

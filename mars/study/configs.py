@@ -32,13 +32,14 @@ _composed: dict[
 ] = {}  # argv -> config or ConfigError: a spec is composed once per process
 
 
-def _compose(study: Study, arm: Arm, values: dict[str, Any]):
-    """The config of `train.py BASE ARM VALUES` (mars.train.cli.precheck), or its ConfigError (one line)."""
+def _compose(study: Study, arm: Arm, values: dict[str, Any], extra: tuple[str, ...] = ()):
+    """The config of `train.py BASE ARM VALUES EXTRA` (mars.train.cli.precheck), or its ConfigError (one
+    line)."""
     from mars.entry import hydra_value
     from mars.train.cli import precheck
     from mars.train.config import ConfigError
 
-    argv = (*study.base, *arm.overrides, *(f"{k}={hydra_value(v)}" for k, v in values.items()))
+    argv = (*study.base, *arm.overrides, *(f"{k}={hydra_value(v)}" for k, v in values.items()), *extra)
     if argv not in _composed:
         try:
             _composed[argv] = precheck(
@@ -90,6 +91,29 @@ def check_arm(study: Study, arm: Arm) -> ArmConfig:
             raise StudyError(f"{at}: the arm does not compose {what} ({e})") from None
     tokens = int(cfg.train.max_steps) * global_batch_size(cfg, 1) * int(cfg.model.block_size)
     return ArmConfig(name, tokens, cfg.data)
+
+
+def check_sizes(study: Study, arm: Arm) -> list:
+    """The arm's sizes (mars.study.budgets.Size: budgets in steps, fork points, parameters), each composed
+    with its overrides and checked: StudyError naming the spec key. [] without budgets or sizes."""
+    from mars.study.budgets import check_schedule, check_size_configs, size_of
+    from mars.train.config import ConfigError
+
+    spec = study.spec
+    if not spec["budgets"] and not spec["sizes"]:
+        return []
+    sizes = spec["sizes"] or {"": []}
+    cfgs = {}
+    for name, overrides in sizes.items():
+        where = f"study.sizes.{name}" if name else "study.budgets"
+        try:
+            cfgs[name] = _compose(study, arm, {}, tuple(overrides))
+        except ConfigError as e:
+            raise StudyError(f"{where} with study.arms.{arm.name}: {e}") from None
+        if len(spec["budgets"]) > 1:
+            check_schedule(cfgs[name], f"study.arms.{arm.name}{f' at size {name}' if name else ''}")
+    check_size_configs(study, cfgs)
+    return [size_of(name, sizes[name], cfg, spec) for name, cfg in cfgs.items()]
 
 
 def valid(study: Study, arm: Arm, key: str, value: Any) -> str | None:

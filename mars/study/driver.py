@@ -36,7 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from mars.study.configs import ArmConfig, check_arm, prepare_data, study_dir_ok, valid
+from mars.study import budgets as ladder
+from mars.study.configs import ArmConfig, check_arm, check_sizes, prepare_data, study_dir_ok, valid
 from mars.study.errors import StudyError
 from mars.study.extend import Round, edges_of, widen
 from mars.study.preflight import SPEC_FILE, check_dirs, check_spec_file, check_storage_spec
@@ -84,6 +85,7 @@ class Driver:
         self.study, self.launcher, self.say, self.poll_s = study, launcher, say, poll_s
         self.metric = None
         self.configs: dict[str, ArmConfig] = {}
+        self.sizes: list[ladder.Size] = []  # budgets and sizes of the finals (mars.study.budgets); [] without
         self.storage = None
         self.lock = DriverLock(study.dir)
         self._studies: dict[str, object] = {}
@@ -107,6 +109,7 @@ class Driver:
         except AnalysisError as e:
             raise StudyError(f"study.metric: {e}") from None
         self.configs = {arm.name: check_arm(s, arm) for arm in s.arms}
+        self.sizes = self._check_sizes()
         check_spec_file(s)
         self.storage = open_storage(s.storage)
         check_storage_spec(s, self.storage)
@@ -117,10 +120,32 @@ class Driver:
         if data:
             prepare_data(list(self.configs.values()))
 
+    def _check_sizes(self) -> list[ladder.Size]:
+        """Every arm's sizes, which must agree (the same budgets in steps and fork points: the arms pair)."""
+        s = self.study
+        by_arm = {arm.name: check_sizes(s, arm) for arm in s.arms}
+        ref = by_arm[s.baseline]
+        for name, sizes in by_arm.items():
+            mine = [(z.budgets, z.forks, z.tokens_per_step) for z in sizes]
+            if mine != [(z.budgets, z.forks, z.tokens_per_step) for z in ref]:
+                raise StudyError(
+                    f"study.arms.{name}: its budgets in steps, forks or tokens per step ({mine}) differ from "
+                    f"the baseline {s.baseline}'s: set the schedule and batch in study.base, not in an arm"
+                )
+        return ref
+
+    @property
+    def size_of(self) -> dict[str, ladder.Size]:
+        return {z.name: z for z in self.sizes}
+
     def budget_lines(self) -> list[str]:
         from mars.study.preflight import budget_lines
 
-        return budget_lines(self.study, self.configs)
+        lines = budget_lines(self.study, self.configs, finals=not self.sizes)
+        if self.sizes:
+            runs = self.study.spec["final"]["top_k"] * len(self.study.seeds)
+            lines += ladder.budget_lines(self.sizes, len(self.study.arms), runs)
+        return lines
 
     # ------------------------------------------------------------------ the storage's view
 
@@ -245,9 +270,41 @@ class Driver:
                 )
                 return self._ask_search(arm, nxt)
             state.plan = self._plan_finals(arm, state)
-        if len(state.final) < len(state.plan):
+        while len(state.final) < len(state.plan):
+            entry = state.plan[len(state.final)]
+            if entry.get("role") == ladder.BRANCH:
+                ready = self._branch_ready(arm, state, entry)
+                if ready is False:
+                    return None  # its trunk has not saved the fork point yet
+                if isinstance(ready, str):  # its trunk diverged before it: the branch ranks worst, unrun
+                    self._tell_unrun(arm, state.plan, len(state.final), ready)
+                    state = self.arm_state(arm)
+                    continue
             return self._ask_final(arm, state.plan, len(state.final))
         return None
+
+    def _branch_ready(self, arm: Arm, state: ArmState, entry: dict) -> bool | str:
+        """True when the branch can fork, False while its trunk has not reached the fork point, or why it
+        never will (its trunk finished without that checkpoint)."""
+        trunk = state.final[entry["trunk"]]
+        finished = trunk.state == "COMPLETE"
+        if ladder.branch_ready(trunk.dir, entry["fork_step"], finished):
+            return True
+        if not finished:
+            return False
+        return (
+            f"its trunk {trunk.dir} ({trunk.status}) left no checkpoint at step {entry['fork_step']} to fork "
+            "from"
+        )
+
+    def _tell_unrun(self, arm: Arm, plan: list[dict], i: int, why: str) -> None:
+        st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
+        number = st.ask().number
+        t = self._fill_final(arm, st, plan, number)
+        result = {"status": "diverged", "message": why, "tokens": 0.0, "train_s": 0.0, "process_s": 0.0}
+        self._set_attrs(st, number, {"result": {**result, "attempts": 0}})
+        st.tell(number, -math.inf if self.metric.higher_is_better else math.inf)
+        self.say(f"{arm.name} final {t.dir.name}: not run: {why}")
 
     def _adopt(self, arm: Arm, state: ArmState, t: TrialRecord) -> Job:
         """Take over an orphaned trial: finish what its driver wrote of it (a driver killed while asking
@@ -294,8 +351,13 @@ class Driver:
     def _fill_final(self, arm: Arm, st, plan: list[dict], number: int) -> TrialRecord:
         """Final trial `number` is the plan's entry `number`: its values, rank, seed, run dir, owner."""
         entry = plan[number]
-        run_dir = final_dir(self.study.dir, arm.name, entry["rank"], entry["seed"])
+        run_dir = ladder.entry_dir(self.study.dir, arm.name, entry)
         attrs = {"params": entry["params"], "rank": entry["rank"], "seed": entry["seed"], "dir": str(run_dir)}
+        for key in ("role", "size", "steps", "headline", "ckpt_steps", "fork_step"):
+            if key in entry:
+                attrs[key] = entry[key]
+        if "trunk" in entry:
+            attrs["trunk_dir"] = str(ladder.entry_dir(self.study.dir, arm.name, plan[entry["trunk"]]))
         self._set_attrs(st, number, {"driver": self.lock.id, **attrs})
         return [r for r in records_of(st, arm.name, "final") if r.number == number][0]
 
@@ -305,18 +367,22 @@ class Driver:
         from mars.train.rundir import holds_a_run
 
         s = self.study
+        extra: list[str] = []
         if t.phase == "search":
             run_dir, seed = search_dir(s.dir, arm.name, t.index), int(s.spec["search_seed"])
             tag = f"search/{arm.name}/{t.index:03d}"
+            extra = list(self.sizes[0].overrides) if self.sizes else []  # the search runs at the first size
         else:
             rank, seed = int(t.attrs["rank"]), int(t.attrs["seed"])
-            run_dir, tag = final_dir(s.dir, arm.name, rank, seed), f"final/{arm.name}/top{rank}-seed{seed}"
+            run_dir = Path(t.attrs["dir"]) if "role" in t.attrs else final_dir(s.dir, arm.name, rank, seed)
+            tag = f"final/{arm.name}/{run_dir.name}"
+            extra = ladder.entry_overrides(t.attrs, self.size_of)
         if fresh and holds_a_run(run_dir):
             raise StudyError(
                 f"{run_dir} already holds a run that is not this trial's: move it away (a trial's run dir is "
                 "never overwritten)"
             )
-        overrides = trial_overrides(s, arm, t.params, seed, tag)
+        overrides = [*trial_overrides(s, arm, t.params, seed, tag), *extra]
         label = f"{arm.name} {t.phase} {run_dir.name}"
         return Job(run_dir, overrides, resume=not fresh, label=label, trial=t, study=st)
 
@@ -355,9 +421,18 @@ class Driver:
     def _plan_finals(self, arm: Arm, state: ArmState) -> list[dict]:
         from mars.study.finals import plan_finals
 
-        plan = plan_finals(
-            state.search, self.study.spec["final"]["top_k"], self.study.seeds, self.metric.higher_is_better
-        )
+        if arm.space:
+            plan = plan_finals(
+                state.search,
+                self.study.spec["final"]["top_k"],
+                self.study.seeds,
+                self.metric.higher_is_better,
+            )
+        else:  # nothing searched: the arm's fixed config, with every seed
+            plan = [{"rank": 1, "seed": int(seed), "params": {}, "source": None, "search_value": None}
+                    for seed in self.study.seeds]  # fmt: skip
+        if self.sizes:
+            plan = ladder.expand_plan(plan, self.sizes)
         self._optuna_study(study_name(self.study.name, arm.name, "final"), attrs={"plan": plan})
         if not plan:
             self.say(f"{arm.name}: every search trial diverged; the arm has no finalist")
@@ -457,6 +532,9 @@ class Driver:
                 "command: the study resumes, rerunning this trial in its own dir"
             )
         st, number = job.study, job.trial.number
+        if job.trial.attrs.get("role") == ladder.BRANCH:  # the tokens it trained: its trunk's are not its own
+            per_step = self.size_of[job.trial.attrs["size"]].tokens_per_step
+            result.tokens = max(0.0, result.tokens - int(job.trial.attrs["fork_step"]) * per_step)
         result_attrs = {
             "status": result.status,
             "message": result.message,

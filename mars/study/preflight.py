@@ -74,27 +74,30 @@ def check_dirs(study: Study, trials) -> None:
             )
 
 
-def budget_lines(study: Study, configs: dict) -> list[str]:
-    """What the study will run, per arm and in all: runs and training tokens (`configs`: ArmConfigs)."""
+def budget_lines(study: Study, configs: dict, finals: bool = True) -> list[str]:
+    """What the study will run, per arm and in all: runs and training tokens (`configs`: ArmConfigs);
+    finals=False: the search's alone (with budgets and sizes, mars.study.budgets counts the finals)."""
     s = study
     lines = []
     total_runs, total_tokens = 0, 0
     extend = s.spec["auto_extend"]
     for arm in s.arms:
         c = configs[arm.name]
-        runs = arm.trials + s.spec["final"]["top_k"] * len(s.seeds)
+        runs = arm.trials + (s.spec["final"]["top_k"] * len(s.seeds) if finals else 0)
         total_runs += runs
         total_tokens += runs * c.tokens_per_run
         space = ", ".join(d.describe() for d in arm.space.values()) or "nothing searched"
         lines.append(
             f"{arm.name}{' (baseline)' if arm.name == s.baseline else ''}: optimizer={c.optimizer}, "
             f"{arm.trials} search trials over {space}; finals: top {s.spec['final']['top_k']} x seeds "
-            f"{s.seeds}; {runs} runs x {c.tokens_per_run:,} tokens = {runs * c.tokens_per_run:,} tokens"
+            f"{s.seeds}; {runs} {'runs' if finals else 'search runs'} x {c.tokens_per_run:,} tokens = "
+            f"{runs * c.tokens_per_run:,} tokens"
         )
     more = (
         f" (+ up to {extend['rounds']} round(s) of {extend['trials']} trials per arm at an edge)"
         if extend["rounds"]
         else ""
     )
-    lines.append(f"budget: {total_runs} runs, {total_tokens:,} training tokens{more}")
+    what = "runs" if finals else "search runs"
+    lines.append(f"budget: {total_runs} {what}, {total_tokens:,} training tokens{more}")
     return lines

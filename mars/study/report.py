@@ -47,7 +47,13 @@ class ArmReport:
 
     @property
     def finalists(self) -> list:
-        return [t for t in self.final if int(t.attrs.get("rank", 0)) == self.best_rank]
+        """The best rank's finals (with budgets and sizes: its trunks at the first size, the largest budget;
+        the rest is the section on budgets and sizes)."""
+        return [
+            t
+            for t in self.final
+            if int(t.attrs.get("rank", 0)) == self.best_rank and t.attrs.get("headline", True)
+        ]
 
     @property
     def at_optimum(self) -> bool:
@@ -133,7 +139,7 @@ def write_study_report(driver) -> list[Path]:
         written += write_report(report, out)
     for rep in arms:
         spaces = [r.space for r in rep.rounds]
-        if rep.rounds:
+        if rep.rounds and rep.search:
             written += search_figure(
                 out / f"search_{rep.name}.png", rep.name, rep.rounds[-1].space, spaces, rep.search, m
             )
@@ -141,11 +147,19 @@ def write_study_report(driver) -> list[Path]:
         out / "sensitivity.png", {r.name: (r.rounds[-1].space, r.search) for r in arms if r.rounds}, m
     )
     lines = _markdown(driver, arms, report, command, markdown_table, comparison_table, verdict)
+    ladder = None
+    if driver.sizes:  # budgets and sizes: their table, fits and figures (mars.study.ladder_report)
+        from mars.study.ladder_report import ladder_section
+
+        more, ladder_figs, ladder = ladder_section(driver, arms, out, _table)
+        lines += more
+        written += ladder_figs
     figs = [p for p in written if p.suffix == ".png" and p.name != "report_curves.png"]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in figs]
     md = write_atomic(out / "study.md", "\n".join(lines) + "\n")
     js = write_atomic(
-        out / "study.json", json.dumps(jsonable(_json(driver, arms, report, command)), indent=2) + "\n"
+        out / "study.json",
+        json.dumps(jsonable({**_json(driver, arms, report, command), "ladder": ladder}), indent=2) + "\n",
     )
     return [md, js, *written]
 

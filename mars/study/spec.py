@@ -26,6 +26,13 @@ refuses every value that cannot work, one line each, naming the key and the fix:
     auto_extend   rounds (0: off), trials: an arm whose best sits at a bound gets `trials` more, in the
                   range widened there (mars.study.extend), up to `rounds` times
     final         top_k, seeds: the top_k configs of each arm rerun with these seeds, shared by all arms
+    budgets       [B1, B2, ...] increasing: the finals at every budget, each finalist and seed ONE wsd trunk
+                  of the largest and a cooldown branch per smaller budget (mars.study.budgets); [] (the
+                  default): the finals at the base's train.max_steps
+    budget_unit   steps (train.max_steps) or tokens (a whole number of train.global_batch_size x
+                  model.block_size)
+    sizes         NAME: [model overrides]: the finals (and budgets) per model size, shape overrides only;
+                  the search runs at the first; {} (the default): the base's model
     launcher      name (local / submitit), n_jobs (trials at a time), gpus_per_job (local: GPUs of
                   its own per trial, as launch.gpus_per_job), command (what runs a trial; default
                   python -m mars.train), submitit (the executor's parameters: cluster, timeout_min,
@@ -117,6 +124,9 @@ class StudySpec:
     auto_extend: ExtendSpec = field(default_factory=ExtendSpec)
     final: FinalSpec = field(default_factory=FinalSpec)
     launcher: LauncherSpec = field(default_factory=LauncherSpec)
+    budgets: list[int] = field(default_factory=list)
+    budget_unit: str = "steps"
+    sizes: dict[str, list[str]] = field(default_factory=dict)
 
 
 PRIMARY = "mars_study"
@@ -252,14 +262,16 @@ def check_spec(spec: dict) -> Study:
         if any(c in str(arm_name) for c in "/\\:") or not str(arm_name).strip():
             raise StudyError(f"{where}: an arm's name must be a plain name (it names dirs)")
         _check_overrides(arm["overrides"], f"{where}.overrides")
-        space = parse_space(arm["search"] or {}, f"{where}.search")
+        space = parse_space(arm["search"], f"{where}.search") if arm["search"] else {}
         for arg in [*spec["base"], *arm["overrides"]]:
             if _key(arg) in space:
                 raise StudyError(
                     f"{where}.search searches {_key(arg)}, which {arg!r} also fixes: drop one of them"
                 )
         trials = spec["trials"] if arm["trials"] is None else arm["trials"]
-        _at_least(f"{where}.trials", trials, 1)
+        if not space:  # nothing to search: the arm's fixed config goes straight to the finals
+            trials = 0
+        _at_least(f"{where}.trials", trials, 0 if not space else 1)
         arms.append(Arm(str(arm_name), tuple(arm["overrides"]), space, int(trials)))
     baseline = spec["baseline"] if spec["baseline"] is not None else arms[0].name
     if baseline not in arms_spec:
@@ -291,6 +303,9 @@ def check_spec(spec: dict) -> Study:
         raise StudyError(
             f"study.final.seeds={seeds} must be a non-empty list of distinct seeds (e.g. [1, 2, 3])"
         )
+    from mars.study.budgets import check_budget_spec
+
+    check_budget_spec(spec)
     launcher = spec["launcher"]
     if launcher["name"] not in LAUNCHERS:
         raise StudyError(f"study.launcher.name={launcher['name']!r} is not one of {', '.join(LAUNCHERS)}")

@@ -9,6 +9,13 @@ A trial diverges (outcome "diverged", exit status 1) when lr > DIVERGE_LR, and f
 "training" (SIGTERM during them: outcome "preempted", exit 0, as the trainer). $FAKE_LEDGER: a file
 that gets one line per run started ("RUN_DIR resume" or "RUN_DIR fresh"), to count what ran.
 The optimum can be moved with $FAKE_OPT_LR and $FAKE_OPT_GAMMA.
+
+Budgets and sizes (mars.study.budgets): train.max_steps and model.n_embd add a known law,
+    + 3 * ((k * max_steps)^-0.5 - 4^-0.5) + 2 * ((n_embd / 32)^-0.5 - 1)
+(zero at the smoke spec's 4 steps and width 32), with k = $FAKE_SPEEDUP (default 1) for every optimizer
+but adamw: the effective-data speedup of the other arms over adamw is exactly k. train.ckpt_steps writes
+a complete checkpoint dir (ckpt/step_N/meta.json) per step; train.fork_from must name one (else exit 1
+with an `error:` line, as the trainer), and the fork writes lineage.json.
 """
 
 from __future__ import annotations
@@ -27,10 +34,10 @@ OPT_LR, OPT_GAMMA, DIVERGE_LR = 3e-3, 0.04, 0.05
 TOKENS_PER_EVAL = 1024
 
 
-def objective(lr: float, gamma: float | None, seed: int) -> float:
+def objective(lr: float, gamma: float | None, seed: int, scale: float = 0.0) -> float:
     opt_lr = float(os.environ.get("FAKE_OPT_LR", OPT_LR))
     opt_gamma = float(os.environ.get("FAKE_OPT_GAMMA", OPT_GAMMA))
-    loss = 5.0 + 0.1 * math.log(lr / opt_lr) ** 2
+    loss = 5.0 + 0.1 * math.log(lr / opt_lr) ** 2 + scale
     if gamma is not None:
         loss += 4.0 * (gamma - opt_gamma) ** 2
     return loss + 0.01 * math.sin(7.0 * seed)  # what a seed adds, the same for every setting
@@ -88,7 +95,14 @@ def write_run(args: list[str]) -> int:
         print("error: data/embedded/train_000000.bin is damaged (fake)", file=sys.stderr)
         return 1
     cfg = nested(values)
+    fork = cfg["train"].get("fork_from")
+    if fork and not (Path(fork) / "meta.json").is_file():
+        print(f"error: train.fork_from={fork}: no complete checkpoint there (fake)", file=sys.stderr)
+        return 1
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    if fork:
+        lineage = {"kind": "fork", "parent_run_dir": str(Path(fork).parent.parent), "step": int(fork[-8:])}
+        (run_dir / "lineage.json").write_text(json.dumps(lineage))
     (run_dir / ".hydra/config.yaml").write_text(yaml.safe_dump(cfg))
     (run_dir / ".hydra/overrides.yaml").write_text(
         yaml.safe_dump([o for o in overrides if o != "train.resume=auto"])
@@ -98,7 +112,13 @@ def write_run(args: list[str]) -> int:
         return 0
     lr = float(cfg["optimizer"]["lr"])
     gamma = cfg["optimizer"].get("gamma") if cfg["optimizer"]["name"] != "adamw" else None
-    final = objective(lr, gamma, int(cfg["train"]["seed"]))
+    k = 1.0 if cfg["optimizer"]["name"] == "adamw" else float(os.environ.get("FAKE_SPEEDUP", 1.0))
+    steps, width = int(cfg["train"]["max_steps"]), int(cfg["model"]["n_embd"])
+    scale = 3.0 * ((k * steps) ** -0.5 - 4**-0.5) + 2.0 * ((width / 32) ** -0.5 - 1.0)
+    final = objective(lr, gamma, int(cfg["train"]["seed"]), scale)
+    for step in cfg["train"].get("ckpt_steps") or []:
+        (run_dir / "ckpt" / f"step_{step:08d}").mkdir(parents=True, exist_ok=True)
+        (run_dir / "ckpt" / f"step_{step:08d}" / "meta.json").write_text(json.dumps({"healthy": True}))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for k in range(5):
             loss = final + 2.0 / (k + 1) - 2.0 / 5 if lr <= DIVERGE_LR or k < 2 else math.nan

@@ -317,7 +317,7 @@ def _check_tokenizer(cfg: Any) -> None:
 
 
 def _check_data(cfg: Any) -> None:
-    from mars.data.config import check_values
+    from mars.data.registry import check_values
     from mars.data.errors import DataConfigError
 
     node = get(cfg, "data")

@@ -22,6 +22,7 @@ from mars.metrics_jsonl import (
     metrics_lines,
     read_metrics,
 )
+from mars.wandb_mode import wandb_mode as wandb_mode  # one rule for training and evaluation
 
 __all__ = [
     "METRICS_FILE",
@@ -242,25 +243,6 @@ class MetricsFile:
         if self._f is not None:
             self._f.close()
             self._f = None
-
-
-def wandb_mode(requested: str) -> str:
-    """The mode wandb will run in: WANDB_MODE wins; online without an API key becomes offline."""
-    mode = os.environ.get("WANDB_MODE", requested)
-    if mode in ("dryrun",):
-        mode = "offline"
-    if mode == "online" and not os.environ.get("WANDB_API_KEY") and not _netrc_has_wandb():
-        log.info("wandb: no WANDB_API_KEY set, logging offline (sync later with `wandb sync`)")
-        mode = "offline"
-    return mode
-
-
-def _netrc_has_wandb() -> bool:
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    try:
-        return "api.wandb.ai" in netrc.read_text()
-    except OSError:
-        return False
 
 
 class WandbLogger:

@@ -1,6 +1,7 @@
 """Where training metrics go: RUN_DIR/metrics.jsonl, Weights & Biases, and a tqdm bar (rank 0 only).
 
-metrics.jsonl holds one JSON object per line; every line has "step" and "tokens" (CLI.md).
+metrics.jsonl holds one JSON object per line; every line has "step" and "tokens" (docs/training.md,
+"What a run writes").
 Training lines add "train/loss", "lr", "grad_norm", ...; evaluation lines add "val/loss". Its format
 (reading, the JSON encoding of values) lives in mars.metrics_jsonl, shared with mars.analysis.
 """

@@ -23,11 +23,11 @@ from __future__ import annotations
 import sys
 
 from mars.analysis.cli import plot_curves_main
-from mars.analysis.labels import describe, disambiguate, run_labels
+from mars.analysis.labels import describe, disambiguate, read_run, run_labels
 from mars.analysis.paper import PAPER_BEST_VAL, PAPER_TOKENS
 from mars.analysis.plots import plot_curves as plot
 from mars.analysis.plots import smooth, time_unit, token_unit
-from mars.analysis.runs import Run, read_run
+from mars.analysis.runs import Run
 from mars.analysis.wandb_csv import read_wandb_csv
 
 Curve = Run  # the name this script's curves had before runs and curves became one table

@@ -98,7 +98,7 @@ register("adamw", AdamWConfig, my_adamw, grouping="decay")
 """,
     "source": """
 from mars.data import register_source
-from mars.data.sources import LocalSource
+from mars.data.local import LocalSource
 
 class OpenWebText(LocalSource):
     pass
@@ -164,7 +164,7 @@ def test_registering_the_same_again_changes_nothing(fresh, monkeypatch):
 import dataclasses
 import torch
 from mars.data import register_source
-from mars.data.sources import LocalSource
+from mars.data.local import LocalSource
 from mars.model.gpt import GPT
 from mars.model.spec import arch, register_arch
 from mars.optim import AdamWConfig, register

@@ -196,10 +196,10 @@ def summarize_main(argv: Sequence[str] | None = None, description: str | None = 
 
 
 def plot_curves_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
-    from mars.analysis.labels import disambiguate, run_labels
+    from mars.analysis.labels import disambiguate, read_run, run_labels
     from mars.analysis.metric import metric_of
     from mars.analysis.plots import DEFAULT_PANELS, plot_curves
-    from mars.analysis.runs import METRICS, Run, find_run_dirs, read_run
+    from mars.analysis.runs import METRICS, Run, find_run_dirs
     from mars.analysis.wandb_csv import read_wandb_csv
     from mars.entry import ArgumentParser
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mars.analysis.paper import paper_key
-from mars.analysis.runs import Run, load_run
+from mars.analysis.errors import AnalysisError
+from mars.analysis.paper import paper_entry
+from mars.analysis.runs import METRICS, Run, load_run
 from mars.analysis.settings import (
     SEED_KEYS,
     applies,
@@ -106,17 +107,12 @@ def size_name(flat: dict[str, Any]) -> str | None:
 
 def describe(cfg: dict) -> tuple[str, tuple[str, str] | None]:
     """A stand-alone label for one run's nested config, and its paper reference entry if it has one."""
-    opt, model, data = cfg.get("optimizer", {}), cfg.get("model", {}), cfg.get("data", {})
+    opt, model = cfg.get("optimizer", {}), cfg.get("model", {})
     flat = {f"optimizer.{k}": v for k, v in opt.items()} | {f"model.{k}": v for k, v in model.items()}
-    parts = [optimizer_title(flat)]
-    spec = _spec(model.get("arch"))
-    size = spec.sizes.get((model.get("n_layer"), model.get("n_head"), model.get("n_embd"))) if spec else None
-    parts.append(size_name(flat) or "?")
-    size = size if spec is not None and spec.name == "gpt2" else None  # the paper's runs are GPT-2
+    parts = [optimizer_title(flat), size_name(flat) or "?"]
     if "lr" in opt:
         parts.append(f"lr {format_value(float(opt['lr']))}")
-    paper = paper_key(str(opt.get("name", "?")), bool(opt.get("approx", True)), size, data.get("name"))
-    return ", ".join(parts), paper
+    return ", ".join(parts), paper_entry(cfg)
 
 
 @dataclass
@@ -306,3 +302,13 @@ def disambiguate(runs: Sequence[Run], dirs: Sequence[Path] | None = None) -> Non
         if counts[r.label] > 1 or not r.label:
             name = Path(path).resolve().name
             r.label = f"{r.label} [{name}]" if r.label else name
+
+
+def read_run(run_dir: Path) -> Run:
+    """A run dir with its metrics, labelled on its own (describe); one line of error without a
+    metrics.jsonl."""
+    if not (run_dir / METRICS).is_file():
+        raise AnalysisError(f"{run_dir / METRICS} not found (expected a run dir written by train.py)")
+    run = load_run(run_dir)
+    run.label = describe(run.config)[0]
+    return run

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 # best validation loss on OpenWebText, by optimizer and model size, at 5B / 20B / 50B tokens
 PAPER_BEST_VAL: dict[tuple[str, str], tuple[float, float, float]] = {
     ("AdamW", "small"): (3.193, 3.024, 2.885),
@@ -26,3 +28,16 @@ def paper_key(optimizer: str, approx: bool, size: str | None, data: str | None) 
     if optimizer == "mars_adamw":
         key = "MARS-approx" if approx else "MARS-exact"
     return (key, size) if (key, size) in PAPER_BEST_VAL else None
+
+
+def paper_entry(cfg: dict[str, Any]) -> tuple[str, str] | None:
+    """The entry of PAPER_BEST_VAL a run's nested config reproduces, if any: GPT-2 at a paper size
+    (its spec's size names), on OpenWebText."""
+    from mars.model.spec import DEFAULT_ARCH, arch, arch_names
+
+    opt, model, data = cfg.get("optimizer", {}), cfg.get("model", {}), cfg.get("data", {})
+    name = str(model.get("arch") or DEFAULT_ARCH)
+    spec = arch(name) if name in arch_names() else None
+    size = spec.sizes.get((model.get("n_layer"), model.get("n_head"), model.get("n_embd"))) if spec else None
+    size = size if spec is not None and spec.name == "gpt2" else None  # the paper's runs are GPT-2
+    return paper_key(str(opt.get("name", "?")), bool(opt.get("approx", True)), size, data.get("name"))

@@ -168,9 +168,9 @@ class Run:
     @property
     def paper_key(self) -> tuple[str, str] | None:
         """The paper's reference entry this run reproduces (mars.analysis.paper), if any."""
-        from mars.analysis.labels import describe
+        from mars.analysis.paper import paper_entry
 
-        return describe(self.config)[1] if self.config else None
+        return paper_entry(self.config) if self.config else None
 
     def add(self, key: str, point: Point) -> None:
         self.metrics.setdefault(key, []).append(point)
@@ -213,18 +213,6 @@ def load_run(path: Path, sweep: Path | None = None, with_metrics: bool = True) -
             value = to_float(raw)
             if value is not None and key not in AXES:
                 run.add(key, Point(step, tokens, seconds, value))
-    return run
-
-
-def read_run(run_dir: Path) -> Run:
-    """A run dir with its metrics, labelled on its own (labels.describe); one line of error without
-    a metrics.jsonl."""
-    from mars.analysis.labels import describe
-
-    if not (run_dir / METRICS).is_file():
-        raise AnalysisError(f"{run_dir / METRICS} not found (expected a run dir written by train.py)")
-    run = load_run(run_dir)
-    run.label = describe(run.config)[0]
     return run
 
 

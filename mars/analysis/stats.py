@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Curve = Sequence[tuple[float, float]]
+Points = Sequence[tuple[float, float]]  # one curve: its (tokens, value) points (a run is analysis.runs.Run)
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
@@ -26,7 +26,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
     return float(arr.mean()), (float(arr.std(ddof=1)) if arr.size > 1 else None)
 
 
-def finite_points(curve: Curve) -> list[tuple[float, float]]:
+def finite_points(curve: Points) -> list[tuple[float, float]]:
     """The finite points of a curve, sorted by tokens; a repeated token count keeps its last value."""
     by_tokens: dict[float, float] = {}
     for d, loss in curve:
@@ -35,7 +35,7 @@ def finite_points(curve: Curve) -> list[tuple[float, float]]:
     return sorted(by_tokens.items())
 
 
-def tokens_to_target(curve: Curve, target: float, higher_is_better: bool = False) -> float | None:
+def tokens_to_target(curve: Points, target: float, higher_is_better: bool = False) -> float | None:
     """Tokens at which the curve first reaches the target (value <= target, or >= for a metric where
     higher is better), None if it never does.
 
@@ -68,7 +68,7 @@ class Band:
         return list(zip(self.tokens.tolist(), self.mean.tolist(), strict=True))
 
 
-def mean_curve(curves: Sequence[Curve]) -> Band | None:
+def mean_curve(curves: Sequence[Points]) -> Band | None:
     """The seeds' curves averaged over the token range they all cover.
 
     The grid is the union of their evaluation points inside that range, each curve interpolated
@@ -117,7 +117,7 @@ N_PARAMETERS = 3  # a, b, c: the fewest points a fit can be asked of (mars.analy
 
 
 def fit_power_law(
-    curve: Curve,
+    curve: Points,
     min_points: int = MIN_FIT_POINTS,
     what: str = "the baseline",
     x_name: str = "tokens",

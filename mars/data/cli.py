@@ -56,7 +56,7 @@ def run(cfg: DictConfig) -> Path:
 
 
 def _check(cfg: DictConfig) -> None:
-    from mars.data.config import check_values
+    from mars.data.registry import check_values
 
     check_values(cfg.data)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 VERIFY_LEVELS = ("cached", "full")
+FORMATS = ("text", "jsonl", "parquet")  # data.format (the local source, mars.data.local)
+SAMPLE_BY = ("document", "paragraph", "line")  # data.text_sample_by
 
 GPT2_TOKENIZER = "gpt2"
 
@@ -49,26 +50,3 @@ class DataConfig:
     # loader
     sequential: bool = False  # without-replacement windows instead of random ones
     verify: str = "cached"  # shard checksums on open: cached (re-hash only changed files) | full
-
-
-def check_values(cfg: Any) -> None:
-    """The data.* values that cannot work, each a DataConfigError naming the key (cheap: reads no files;
-    what needs the files, e.g. data.paths, is checked when the source is opened)."""
-    from mars.checks import at_least, choice, get, reported_as
-    from mars.data.errors import DataConfigError, SourceError
-    from mars.data.registry import source_class
-    from mars.data.sources import _SAMPLE_BY, FORMATS
-
-    try:  # a registered source, or any name with data.hf_path (a Hugging Face dataset)
-        source_class(get(cfg, "name"), get(cfg, "hf_path"))
-    except SourceError as e:
-        raise DataConfigError(str(e)) from None
-    with reported_as(DataConfigError):
-        for key, allowed in (("verify", VERIFY_LEVELS), ("text_sample_by", _SAMPLE_BY)):
-            choice(f"data.{key}", get(cfg, key), allowed)
-        if get(cfg, "format") is not None:
-            choice("data.format", get(cfg, "format"), FORMATS, " (or null)")
-        for key, minimum in (("val_tokens", 0), ("shard_tokens", 1), ("num_workers", 1)):
-            at_least(f"data.{key}", get(cfg, key), minimum)
-        if get(cfg, "token_budget") is not None:
-            at_least("data.token_budget", get(cfg, "token_budget"), 1, " (or null: no budget)")

@@ -4,30 +4,30 @@
     source_names()                               # ('embedded', 'openwebtext', 'fineweb_edu', 'local', ...)
     source_class(name, hf_path)                  # the class data.name=name selects
     get_source(cfg)                              # source_class(cfg.name, cfg.hf_path).from_config(cfg)
+    check_values(cfg)                            # the data.* values that cannot work, before any work
 
-The built-in sources (mars.data.sources) register themselves the first time a name is looked up or
-registered. A ``data.name`` that is not registered but comes with ``data.hf_path`` is a Hugging Face
-dataset of that name (mars.data.sources.HFSource), prepared into ``data/NAME``: a new Hugging Face
-dataset is one configs/data/NAME.yaml and no code. This module imports nothing heavy, so a plugin
-that only registers a source costs nothing to import.
+The built-in sources (mars.data.sources: embedded, openwebtext, fineweb_edu; mars.data.local: local)
+are registered here, by ``_load_builtins``, the first time a name is looked up or registered. A
+``data.name`` that is not registered but comes with ``data.hf_path`` is a Hugging Face dataset of that
+name (mars.data.sources.HFSource), prepared into ``data/NAME``: a new Hugging Face dataset is one
+configs/data/NAME.yaml and no code. This module imports nothing heavy, so a plugin that only
+registers a source costs nothing to import.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mars.data.config import FORMATS, SAMPLE_BY, VERIFY_LEVELS, DataConfig
 from mars.data.errors import SourceError
 
 if TYPE_CHECKING:
-    from mars.data.config import DataConfig
     from mars.data.sources import Source
 
 # A source's name is also its dataset directory's (data/NAME) and a Hydra config name.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_BUILTINS = "mars.data.sources"  # registers embedded, openwebtext, fineweb_edu, local on import
 
 _registry: dict[str, type[Source]] = {}
 _builtins_loaded = False
@@ -36,9 +36,18 @@ _builtins_loaded = False
 def _load_builtins() -> None:
     global _builtins_loaded
     if not _builtins_loaded:
-        _builtins_loaded = True  # first: the module registers through register_source while it loads
-        importlib.import_module(_BUILTINS)
+        _builtins_loaded = True  # first: register_source below loads the built-ins too
+        from mars.data.local import LocalSource
+        from mars.data.sources import EmbeddedSource, FineWebEdu, OpenWebText
         from mars.plugins import load_plugins
+
+        for name, cls in (
+            ("embedded", EmbeddedSource),
+            ("openwebtext", OpenWebText),
+            ("fineweb_edu", FineWebEdu),
+            ("local", LocalSource),
+        ):
+            register_source(name, cls)
 
         load_plugins()  # sources registered by MARS_PLUGINS modules or installed mars.plugins entry points
 
@@ -152,9 +161,28 @@ def store_config_options(configs_dir: Any) -> None:
 
     from hydra.core.config_store import ConfigStore
 
-    from mars.data.config import DataConfig
-
     store = ConfigStore.instance()
     for name in source_names():
         if not (Path(configs_dir) / "data" / f"{name}.yaml").is_file():
             store.store(group="data", name=name, node=DataConfig(name=name))
+
+
+def check_values(cfg: Any) -> None:
+    """The data.* values that cannot work, each a DataConfigError naming the key (cheap: reads no files;
+    what needs the files, e.g. data.paths, is checked when the source is opened)."""
+    from mars.checks import at_least, choice, get, reported_as
+    from mars.data.errors import DataConfigError
+
+    try:  # a registered source, or any name with data.hf_path (a Hugging Face dataset)
+        source_class(get(cfg, "name"), get(cfg, "hf_path"))
+    except SourceError as e:
+        raise DataConfigError(str(e)) from None
+    with reported_as(DataConfigError):
+        for key, allowed in (("verify", VERIFY_LEVELS), ("text_sample_by", SAMPLE_BY)):
+            choice(f"data.{key}", get(cfg, key), allowed)
+        if get(cfg, "format") is not None:
+            choice("data.format", get(cfg, "format"), FORMATS, " (or null)")
+        for key, minimum in (("val_tokens", 0), ("shard_tokens", 1), ("num_workers", 1)):
+            at_least(f"data.{key}", get(cfg, key), minimum)
+        if get(cfg, "token_budget") is not None:
+            at_least("data.token_budget", get(cfg, "token_budget"), 1, " (or null: no budget)")

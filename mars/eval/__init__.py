@@ -10,11 +10,13 @@ lm-eval itself is imported only when an evaluation runs.
 
 from mars.eval.errors import EvalError, TasksUnavailableError, UnknownTaskError
 from mars.eval.harness import CheckpointEval, evaluate_checkpoint, evaluate_model, flatten_scores
-from mars.eval.tasks import PAPER_TASKS, PRESETS
+from mars.eval.tasks import PAPER_TASKS, TASK_PRESETS
+
+PRESETS = TASK_PRESETS  # the name TASK_PRESETS had before the GPT-2 presets got theirs (GPT_PRESETS)
 
 __all__ = [
     "PAPER_TASKS",
-    "PRESETS",
+    "TASK_PRESETS",
     "CheckpointEval",
     "EvalError",
     "TasksUnavailableError",

@@ -19,6 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from mars import checks
 from mars.checks import above, choice, reported_as
 from mars.eval import results as results_io
 from mars.eval.config import WANDB_MODES, register_configs
@@ -26,7 +27,6 @@ from mars.eval.errors import EvalError
 from mars.eval.harness import CheckpointEval, evaluate_checkpoint, prepare_tasks, request_of
 from mars.eval.tables import console_table, markdown_table
 from mars.eval.tasks import resolve_tasks
-from mars.train.config import check_device
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -51,7 +51,7 @@ def _check(cfg) -> None:
             raise EvalError(f"need num_fewshot >= 0, batch_size >= 1; got {got}")
         if cfg.limit is not None:
             above("limit", cfg.limit, 0, " (documents per task, or a fraction of them when < 1)")
-        check_device(str(cfg.device), "device")  # train.py's check: a device this machine has
+        checks.device("device", str(cfg.device))  # train.py's check: a device this machine has
 
 
 def run(cfg) -> list[CheckpointEval]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from mars.train.config import WANDB_MODES as WANDB_MODES  # one list: logger.wandb.mode and wandb.mode
+from mars.wandb_mode import WANDB_MODES as WANDB_MODES  # one list: logger.wandb.mode and wandb.mode
 
 
 @dataclass

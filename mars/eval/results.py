@@ -78,9 +78,9 @@ def reusable(out_dir: str | Path, ckpt: str | Path, request: dict) -> Checkpoint
 
 def log_wandb(results: Sequence[CheckpointEval], mode: str, project: str, name: str | None = None) -> None:
     """One wandb run (job_type "eval") per checkpoint: summary downstream/<task>/<metric> + table. The
-    mode follows the trainer's rule (mars.train.metrics.wandb_mode): WANDB_MODE wins, online without
-    credentials logs offline."""
-    from mars.train.metrics import wandb_mode
+    mode follows the trainer's rule (mars.wandb_mode): WANDB_MODE wins, online without credentials
+    logs offline."""
+    from mars.wandb_mode import wandb_mode
 
     mode = wandb_mode(mode)
     if mode == "disabled":

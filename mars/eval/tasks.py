@@ -37,7 +37,7 @@ PAPER_TASKS = (
     "mmlu",
     "sciq",
 )
-PRESETS: dict[str, tuple[str, ...]] = {
+TASK_PRESETS: dict[str, tuple[str, ...]] = {
     "paper": PAPER_TASKS,  # the MARS paper's zero-shot table (docs/algorithms.md section 6)
     "smoke": ("mars_quiz",),  # offline: the project's own 40-question quiz
 }
@@ -73,8 +73,8 @@ def resolve_tasks(tasks: str | Sequence[str] | TaskSpec, include: Sequence = ())
     names: list[str] = []
     for word in words:
         path = Path(word).expanduser()
-        if word in PRESETS:
-            names.extend(PRESETS[word])
+        if word in TASK_PRESETS:
+            names.extend(TASK_PRESETS[word])
         elif path.is_dir():
             include_paths.append(str(path.resolve()))
             defined = top_level_tasks(path)
@@ -119,10 +119,10 @@ def task_manager_for(spec: TaskSpec):
     if unknown:
         hints = []
         for name in unknown:
-            close = difflib.get_close_matches(name, full.all_tasks + list(PRESETS), n=3, cutoff=0.75)
+            close = difflib.get_close_matches(name, full.all_tasks + list(TASK_PRESETS), n=3, cutoff=0.75)
             hints.append(f"'{name}'" + (f" (did you mean {', '.join(close)}?)" if close else ""))
         raise UnknownTaskError(
-            f"unknown task {', '.join(hints)}: use a preset ({', '.join(PRESETS)}), an lm-eval task, "
+            f"unknown task {', '.join(hints)}: use a preset ({', '.join(TASK_PRESETS)}), an lm-eval task, "
             "group or tag name (list them with: python -m lm_eval ls tasks), a task YAML file, "
             "or a directory of task YAMLs"
         )

@@ -42,7 +42,7 @@ class GPTConfig:
     activation: str = "gelu_tanh"  # gelu_tanh (GPT-2's, the reference's) | gelu (exact erf)
 
 
-PRESETS: dict[str, GPTConfig] = {
+GPT_PRESETS: dict[str, GPTConfig] = {
     # a few million non-embedding parameters: CPU runs in minutes
     "gpt2_tiny": GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=256),
     "gpt2_small": GPTConfig(n_layer=12, n_head=12, n_embd=768),

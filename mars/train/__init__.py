@@ -3,8 +3,9 @@
 config.py       the structured config schema (Hydra ConfigStore) and its validation
 schedule.py     learning-rate schedules (cosine, linear, wsd, constant) as an lr factor
 distributed.py  process group setup under torchrun / SLURM, and the few collectives used
-checkpoint.py   atomic step checkpoints, rotation, safe loading, RNG state capture
-metrics.py      metrics.jsonl, Weights & Biases, the progress bar
+resume.py       what a resumed run restores (the checkpoints themselves: mars.checkpoint)
+metrics.py      metrics.jsonl, Weights & Biases, the progress bar, register_metric
+builtin_metrics.py  gamma and the mars/ diagnostics, registered like a researcher's metrics
 trainer.py      the loop: accumulation, DDP, exact/approximate MARS, resume, preemption
 cli.py          Hydra entry point: config checks, run dir, then the Trainer
 rundir.py       the run dir's rules: a new run, resume=auto / PATH, what is moved aside

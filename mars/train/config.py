@@ -15,13 +15,14 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from mars import checks
 from mars.checks import above, at_least, at_most, choice, fraction, get, reported_as
 from mars.data.config import DataConfig
+from mars.wandb_mode import WANDB_MODES
 
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 GRAD_REDUCTIONS = ("mean", "sum")
 DTYPES = ("auto", "float32", "bfloat16")
-WANDB_MODES = ("online", "offline", "disabled")
 PARALLEL_MODES = ("ddp", "fsdp")
 
 
@@ -317,8 +318,8 @@ def _check_tokenizer(cfg: Any) -> None:
 
 
 def _check_data(cfg: Any) -> None:
-    from mars.data.config import check_values
     from mars.data.errors import DataConfigError
+    from mars.data.registry import check_values
 
     node = get(cfg, "data")
     try:
@@ -336,20 +337,10 @@ def _check_data(cfg: Any) -> None:
 
 
 def check_device(device: str, key: str = "train.device") -> None:
-    """`key` (train.device; eval's device) names a device this machine has: checked before a run dir or
-    process group exists, or a model is loaded."""
-    if device in ("auto", "cpu"):
-        return
-    if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
-        raise ConfigError(f"{key}={device!r} is not one of auto, cpu, cuda, cuda:N")
-    import torch
-
-    if not torch.cuda.is_available():
-        reason = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-        raise ConfigError(f"{key}={device}: {reason}; use {key}=cpu (or auto)")
-    index = int(device[5:]) if ":" in device else 0
-    if index >= torch.cuda.device_count():
-        raise ConfigError(f"{key}={device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    """`key` names a device this machine has (mars.checks.device): checked before a run dir or process
+    group exists, or a model is loaded."""
+    with reported_as(ConfigError):
+        checks.device(key, device)
 
 
 def _check_parallel(cfg: Any, world_size: int) -> None:

@@ -1,6 +1,7 @@
 """Where training metrics go: RUN_DIR/metrics.jsonl, Weights & Biases, and a tqdm bar (rank 0 only).
 
-metrics.jsonl holds one JSON object per line; every line has "step" and "tokens" (CLI.md).
+metrics.jsonl holds one JSON object per line; every line has "step" and "tokens" (docs/training.md,
+"What a run writes").
 Training lines add "train/loss", "lr", "grad_norm", ...; evaluation lines add "val/loss". Its format
 (reading, the JSON encoding of values) lives in mars.metrics_jsonl, shared with mars.analysis.
 """
@@ -22,27 +23,36 @@ from mars.metrics_jsonl import (
     metrics_lines,
     read_metrics,
 )
+from mars.wandb_mode import wandb_mode as wandb_mode  # one rule for training and evaluation
 
 __all__ = [
     "METRICS_FILE",
     "Metrics",
     "MetricsFile",
     "Progress",
+    "BUILTIN_METRICS",
     "TRAINER_FAMILIES",
     "TRAINER_KEYS",
     "WandbLogger",
     "check_metrics",
     "logged_metrics",
     "read_metrics",
+    "register_builtin_metric",
     "register_metric",
     "wandb_mode",
 ]
 
 log = logging.getLogger(__name__)
 
-# Every key the trainer writes into metrics.jsonl itself (mars.train.trainer), in one place. A registered
-# metric can take none of them (register_metric), and Metrics.log refuses a line holding a key that is
-# neither one of these nor a registered metric's, so the list cannot fall behind the trainer.
+# Every key mars writes into metrics.jsonl itself, in one place. A researcher's metric can take none of
+# them (register_metric), and Metrics.log refuses a line holding a key that is neither one of these nor
+# a registered metric's, so the list cannot fall behind the code. Two kinds:
+#   - the trainer's core record (mars.train.trainer): what its loop measures itself (loss, lr, the
+#     gradient norm and clipping, timing and throughput, and MFU, which is computed from that
+#     throughput) and the evaluation lines; these need the loop's own state, not (model, optimizer);
+#   - the built-in metrics (BUILTIN_METRICS: gamma, the mars/ diagnostics), functions of (model,
+#     optimizer) registered in mars.train.builtin_metrics through the same path as a researcher's
+#     (register_builtin_metric) and logged on training lines before them.
 TRAINER_KEYS = (
     "step",  # every line: the step and the tokens so far
     "tokens",
@@ -54,14 +64,18 @@ TRAINER_KEYS = (
     "time",
     "ms_per_step",
     "tokens_per_s",
-    "gamma",  # with a gamma schedule (MARS)
+    "gamma",  # a built-in metric: with a gamma schedule (MARS)
     "mfu",  # on a GPU, or with $MARS_PEAK_FLOPS
     "val/loss",  # evaluation lines (with "time")
 )
-# key families: in-loop downstream scores downstream/TASK/METRIC, the MARS diagnostics (mars.optim)
+# key families: in-loop downstream scores downstream/TASK/METRIC (the trainer's evaluation lines), the
+# MARS diagnostics mars/KEY (a built-in metric, mars.optim)
 TRAINER_FAMILIES = ("downstream/", "mars/")
+BUILTIN_METRICS = ("gamma", "mars")  # of TRAINER_KEYS / TRAINER_FAMILIES: registered metrics
 
-# name -> fn(model, optimizer): the metrics a researcher adds to every training log line
+# name -> fn(model, optimizer): mars's built-in metrics, then the metrics a researcher adds, both read on
+# every training line in this order
+_BUILTIN: dict[str, Callable[[Any, Any], Any]] = {}
 _REGISTERED: dict[str, Callable[[Any, Any], Any]] = {}
 
 
@@ -83,8 +97,31 @@ def register_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
     A name is registered once: a key the trainer writes itself (TRAINER_KEYS: train/loss, lr, ...) or
     another function under a registered name is refused in one line (mars.plugins.RegistrationError);
     the same function again (its module imported a second time) changes nothing."""
-    from mars.plugins import RegistrationError, qualified_name, refuse_takeover
+    from mars.plugins import RegistrationError, qualified_name
 
+    _check_name(name, fn)
+    if name in TRAINER_KEYS or (name + "/").startswith(TRAINER_FAMILIES):
+        module = getattr(fn, "__module__", None) or "?"
+        raise RegistrationError(
+            f"register_metric({name!r}): mars.train.trainer writes {name!r} itself (its keys: "
+            f"{', '.join(TRAINER_KEYS)}, {', '.join(f + '*' for f in TRAINER_FAMILIES)}), so "
+            f"{qualified_name(fn)} from {module} would overwrite it in metrics.jsonl: name the metric "
+            f"something else, e.g. {module.rsplit('.', 1)[-1] + '/' + name.replace('/', '_')!r}"
+        )
+    _register(_REGISTERED, name, fn)
+
+
+def register_builtin_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
+    """register_metric for mars's own metrics (mars.train.builtin_metrics): a name of BUILTIN_METRICS,
+    whose keys are reserved for it (TRAINER_KEYS, TRAINER_FAMILIES). A function that returns an empty
+    dict logs nothing on that line (gamma without a gamma schedule)."""
+    _check_name(name, fn)
+    if name not in BUILTIN_METRICS:
+        raise ValueError(f"register_builtin_metric({name!r}): not one of BUILTIN_METRICS {BUILTIN_METRICS}")
+    _register(_BUILTIN, name, fn)
+
+
+def _check_name(name: str, fn: Callable[[Any, Any], Any]) -> None:
     if (
         not isinstance(name, str)
         or not name
@@ -97,17 +134,14 @@ def register_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
         raise TypeError(
             f"register_metric({name!r}, ...): expected a function fn(model, optimizer), got {fn!r}"
         )
-    if name in TRAINER_KEYS or (name + "/").startswith(TRAINER_FAMILIES):
-        module = getattr(fn, "__module__", None) or "?"
-        raise RegistrationError(
-            f"register_metric({name!r}): mars.train.trainer writes {name!r} itself (its keys: "
-            f"{', '.join(TRAINER_KEYS)}, {', '.join(f + '*' for f in TRAINER_FAMILIES)}), so "
-            f"{qualified_name(fn)} from {module} would overwrite it in metrics.jsonl: name the metric "
-            f"something else, e.g. {module.rsplit('.', 1)[-1] + '/' + name.replace('/', '_')!r}"
-        )
-    if name in _REGISTERED:
-        refuse_takeover("metric", name, {"fn": _REGISTERED[name]}, {"fn": fn})
-    _REGISTERED[name] = fn
+
+
+def _register(table: dict[str, Callable[[Any, Any], Any]], name: str, fn: Callable[[Any, Any], Any]) -> None:
+    from mars.plugins import refuse_takeover
+
+    if name in table:
+        refuse_takeover("metric", name, {"fn": table[name]}, {"fn": fn})
+    table[name] = fn
 
 
 def _number(value: Any) -> float | None:
@@ -128,9 +162,11 @@ def _describe(value: Any) -> str:
     return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(value).__name__})"
 
 
-def _read(name: str, fn: Callable[[Any, Any], Any], value: Any, out: dict[str, float]) -> None:
+def _read(
+    name: str, fn: Callable[[Any, Any], Any], value: Any, out: dict[str, float], builtin: bool = False
+) -> None:
     """Add a metric's value(s) to `out` as floats; ConfigError naming the metric for a value that is not
-    a number, or a key the trainer (or another metric) writes."""
+    a number, or a key the trainer (or another metric) writes; a built-in metric writes its own keys."""
     from mars.plugins import qualified_name
     from mars.train.config import ConfigError
 
@@ -144,7 +180,7 @@ def _read(name: str, fn: Callable[[Any, Any], Any], value: Any, out: dict[str, f
                 f"{what} returned {_describe(v)}: its function must return a number, a one-element "
                 "tensor, or a dict of them (logged as NAME/KEY)"
             )
-        if is_trainer_key(full) or full in out:
+        if (is_trainer_key(full) and not builtin) or full in out:
             whose = "the trainer" if is_trainer_key(full) else "another registered metric"
             raise ConfigError(
                 f"{what} writes {full!r}, which {whose} writes too: rename the metric or the key"
@@ -153,7 +189,8 @@ def _read(name: str, fn: Callable[[Any, Any], Any], value: Any, out: dict[str, f
 
 
 def logged_metrics(model, optimizer) -> dict[str, float]:
-    """The registered metrics' values now, as floats, in registration order (computed without autograd).
+    """The built-in and registered metrics' values now, as floats, in that order, each table in
+    registration order (computed without autograd).
     ConfigError naming the metric when one fails or returns something that is not a number."""
     import torch
 
@@ -161,23 +198,25 @@ def logged_metrics(model, optimizer) -> dict[str, float]:
     from mars.train.config import ConfigError
 
     out: dict[str, float] = {}
-    for name, fn in _REGISTERED.items():
-        try:
-            with torch.no_grad():
-                value = fn(model, optimizer)
-        except Exception as e:  # noqa: BLE001 - a plugin's failure is one line naming it
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
-            raise ConfigError(
-                f"metric {name!r} (register_metric({name!r}, {qualified_name(fn)})) failed: {reason}"
-            ) from e
-        _read(name, fn, value, out)
+    for builtin, table in ((True, _BUILTIN), (False, _REGISTERED)):
+        for name, fn in table.items():
+            try:
+                with torch.no_grad():
+                    value = fn(model, optimizer)
+            except Exception as e:  # noqa: BLE001 - a plugin's failure is one line naming it
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+                raise ConfigError(
+                    f"metric {name!r} (register_metric({name!r}, {qualified_name(fn)})) failed: {reason}"
+                ) from e
+            _read(name, fn, value, out, builtin)
     return out
 
 
 def check_metrics(model, optimizer) -> None:
     """Before the first step: every registered metric once, its values checked as at a log line
     (ConfigError naming the metric). One that raises is left to the first log line: before the first
-    step the optimizer may hold no state yet."""
+    step the optimizer may hold no state yet. The built-in metrics are mars's own, tested with it (and
+    the diagnostics are read once per line: a read here would take that read)."""
     import torch
 
     out: dict[str, float] = {}
@@ -191,7 +230,7 @@ def check_metrics(model, optimizer) -> None:
 
 
 def _check_keys(record: dict) -> None:
-    """Every key of a line is the trainer's (TRAINER_KEYS) or a registered metric's: a key the trainer
+    """Every key of a line is mars's own (TRAINER_KEYS) or a registered metric's: a key the trainer
     wrote without declaring it would escape register_metric's check."""
     for key in record:
         if not is_trainer_key(key) and not any(key == n or key.startswith(n + "/") for n in _REGISTERED):
@@ -242,25 +281,6 @@ class MetricsFile:
         if self._f is not None:
             self._f.close()
             self._f = None
-
-
-def wandb_mode(requested: str) -> str:
-    """The mode wandb will run in: WANDB_MODE wins; online without an API key becomes offline."""
-    mode = os.environ.get("WANDB_MODE", requested)
-    if mode in ("dryrun",):
-        mode = "offline"
-    if mode == "online" and not os.environ.get("WANDB_API_KEY") and not _netrc_has_wandb():
-        log.info("wandb: no WANDB_API_KEY set, logging offline (sync later with `wandb sync`)")
-        mode = "offline"
-    return mode
-
-
-def _netrc_has_wandb() -> bool:
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    try:
-        return "api.wandb.ai" in netrc.read_text()
-    except OSError:
-        return False
 
 
 class WandbLogger:

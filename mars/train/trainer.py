@@ -29,6 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import mars.checkpoint as ckpt
+from mars.train import builtin_metrics as builtin_metrics  # registers gamma and the mars/ diagnostics
 from mars.train.config import Config, global_batch_size
 from mars.train.distributed import DistInfo, all_reduce_sum, barrier
 from mars.train.health import HealthMonitor
@@ -621,11 +622,8 @@ class Trainer:
             "ms_per_step": 1000 * win.seconds / win.steps,
             "tokens_per_s": tokens_per_s,
         }
-        if self.gamma_schedule is not None:
-            record["gamma"] = float(self.optimizer.param_groups[0]["gamma"])  # the value it used
-        if getattr(self.optimizer, "diagnostics", False) and self.dist.is_main:
-            record.update(self.optimizer.read_diagnostics())  # the one read of the device-side sums
-        record.update(logged_metrics(self.raw_model, self.optimizer))  # mars.train.metrics.register_metric
+        # gamma, the mars/ diagnostics (mars.train.builtin_metrics), then a researcher's (register_metric)
+        record.update(logged_metrics(self.raw_model, self.optimizer))
         from mars.model.flops import mfu
         from mars.model.spec import spec_for
 

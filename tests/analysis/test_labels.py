@@ -8,9 +8,9 @@ import pytest
 from analysis_helpers import ADAMW, BASE_CONFIG, config, power_law, write_run
 
 from mars.analysis.groups import group_runs
-from mars.analysis.labels import Item, common_description, label, run_labels, varying_columns
+from mars.analysis.labels import Item, common_description, label, read_run, run_labels, varying_columns
 from mars.analysis.plots import GroupCurves, curves_figure, groups_figure, pyplot
-from mars.analysis.runs import load_runs, parse_overrides, read_run
+from mars.analysis.runs import load_runs, parse_overrides
 from mars.analysis.settings import settings_of
 from mars.analysis.stats import mean_curve
 

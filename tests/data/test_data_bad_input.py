@@ -25,12 +25,13 @@ from data_helpers import (
     run_prepare,
 )
 
-from mars.data import sources
+from mars.data import local, sources
 from mars.data.config import DataConfig
 from mars.data.errors import SourceError
 from mars.data.layout import dataset_dir
+from mars.data.local import LocalSource
 from mars.data.prepare import prepare
-from mars.data.sources import LocalSource, get_source
+from mars.data.registry import get_source
 
 SKIP_HINT = ", or pass data.skip_bad_documents=true to skip bad documents"
 
@@ -277,7 +278,7 @@ def test_local_files_read_as_datasets_loaders_read_them(tmp_path, monkeypatch):
         assert _documents(source) == reference, sample_by
         _check_resume_points(source, reference)
         with monkeypatch.context() as m:
-            m.setattr(sources, "_PARAGRAPH_CHUNK", 3)  # paragraphs straddle every read
+            m.setattr(local, "_PARAGRAPH_CHUNK", 3)  # paragraphs straddle every read
             assert _documents(source) == reference, sample_by
 
     raw = {

@@ -198,7 +198,7 @@ def test_interrupted_preparation_resumes_without_touching_finished_shards(monkey
     assert sorted(finished) == ["train_000000.bin", "train_000001.bin", "val_000000.bin"]
 
     started_at = []
-    from mars.data.sources import LocalSource
+    from mars.data.local import LocalSource
 
     real_local = LocalSource.batches
 

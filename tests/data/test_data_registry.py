@@ -32,12 +32,11 @@ from mars.data import (
     source_names,
 )
 from mars.data import registry as registry_mod
-from mars.data.config import check_values
 from mars.data.errors import DataConfigError
 from mars.data.layout import requested_config
 from mars.data.loader import ValLoader
 from mars.data.prepare import prepare  # not mars.data.prepare: once imported, that name is the module
-from mars.data.registry import get_source
+from mars.data.registry import check_values, get_source
 
 REPO = Path(__file__).resolve().parents[2]
 BUILTINS = ("embedded", "openwebtext", "fineweb_edu", "local")
@@ -274,7 +273,7 @@ def test_register_source_checks_what_it_is_given(registry):
     with pytest.raises(TypeError, match=r"expected a mars.data.Source subclass or a function"):
         register_source("dicts", dict)
     with pytest.raises(
-        ValueError, match=r"data source 'local' is already registered \(mars.data.sources.LocalSource\)"
+        ValueError, match=r"data source 'local' is already registered \(mars.data.local.LocalSource\)"
     ):
         register_source("local", LinesReader)
     register_source("lines", LinesReader)

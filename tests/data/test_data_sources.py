@@ -13,7 +13,7 @@ from mars.data import prepare as prep
 from mars.data import sources
 from mars.data.config import DataConfig
 from mars.data.errors import SourceError
-from mars.data.sources import get_source
+from mars.data.registry import get_source
 
 # ----------------------------------------------------------------------------- bad input
 

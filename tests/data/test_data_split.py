@@ -24,8 +24,8 @@ from data_helpers import (
     write_jsonl,
 )
 
+from mars.data import local, sources, split
 from mars.data import prepare as prep
-from mars.data import sources, split
 from mars.data import writer as writer_mod
 from mars.data.config import DataConfig
 from mars.data.errors import ManifestError, SourceChangedError
@@ -115,7 +115,7 @@ def test_the_split_is_the_same_for_1_and_4_tokenizer_processes(topics, monkeypat
     """Small batches, so that many are in flight and the sample's limit falls while they are: which
     documents are tokenized first differs, the split does not."""
     tmp, path, _, _ = topics
-    monkeypatch.setattr(sources, "BATCH_DOCS", 16)
+    monkeypatch.setattr(local, "BATCH_DOCS", 16)  # the local source reads it
     manifests = [
         json.loads((prep.prepare(cfg, progress_bar=False) / "manifest.json").read_text())
         for cfg in (

@@ -3,11 +3,11 @@ import torch
 
 from mars.model import flops
 from mars.model.flops import PEAK_FLOPS_ENV, mfu, peak_flops
-from mars.model.gpt import PRESETS, count_params, flops_per_token
+from mars.model.gpt import GPT_PRESETS, count_params, flops_per_token
 
 
 def test_gpt2_small_flops_per_token():
-    cfg = PRESETS["gpt2_small"]
+    cfg = GPT_PRESETS["gpt2_small"]
     # 6 * (blocks 12 * 12 * 768^2 + lm_head 768 * 50304) + attention 12 * 12 * 768 * 1024
     assert flops_per_token(cfg) == 6 * (12 * 12 * 768**2 + 768 * 50304) + 12 * 12 * 768 * 1024
     # ~ 6 x 124M parameters + ~113M for attention (wpe lookups and LayerNorms are not matmuls)
@@ -17,7 +17,7 @@ def test_gpt2_small_flops_per_token():
 
 
 def test_attention_term_grows_with_sequence_length():
-    cfg = PRESETS["gpt2_medium"]
+    cfg = GPT_PRESETS["gpt2_medium"]
     delta = flops_per_token(cfg, seq_len=2048) - flops_per_token(cfg, seq_len=1024)
     assert delta == 12 * cfg.n_layer * cfg.n_embd * 1024
     assert flops_per_token(cfg) == flops_per_token(cfg, seq_len=cfg.block_size)
@@ -25,7 +25,7 @@ def test_attention_term_grows_with_sequence_length():
 
 def test_presets_flops_increase_with_size():
     values = [
-        flops_per_token(PRESETS[n])
+        flops_per_token(GPT_PRESETS[n])
         for n in ("gpt2_tiny", "gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl")
     ]
     assert values == sorted(values)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mars.model.gpt import GPT, PRESETS, GPTConfig, count_params
+from mars.model.gpt import GPT, GPT_PRESETS, GPTConfig, count_params
 
 
 def test_forward_shapes_and_loss(make_model):
@@ -137,7 +137,7 @@ PRESET_PARAMS = {
 
 @pytest.mark.parametrize("name", list(PRESET_PARAMS))
 def test_preset_parameter_counts(name):
-    cfg = PRESETS[name]
+    cfg = GPT_PRESETS[name]
     with torch.device("meta"):
         model = GPT(cfg)
     assert (model.num_params(), model.num_params(non_embedding=False)) == PRESET_PARAMS[name]

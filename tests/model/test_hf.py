@@ -9,7 +9,7 @@ import torch
 from mars.checkpoint.export import export_hf
 from mars.checkpoint.model_dir import save_model
 from mars.data.tokenizer import VOCAB_SIZE, get_tokenizer
-from mars.model.gpt import GPT, PRESETS
+from mars.model.gpt import GPT, GPT_PRESETS
 from mars.model.hf import from_hf, to_hf
 from mars.model.hf_gpt2 import scale_is_honoured
 
@@ -43,7 +43,7 @@ def variant(model, **changes):
 
 @pytest.mark.parametrize("preset", ["gpt2_tiny", "gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl"])
 def test_exported_logits_match_for_every_preset_width(make_model, preset):
-    p = PRESETS[preset]
+    p = GPT_PRESETS[preset]
     # the full padded vocabulary at the tiny width; a small one at the big widths keeps this fast
     # (the vocabulary slicing does not depend on the width)
     vocab = p.vocab_size if preset == "gpt2_tiny" else 1024

@@ -194,6 +194,10 @@ def test_the_trainer_writes_exactly_the_keys_it_declares(
     Trainer(cfg, tmp_path, DistInfo()).fit()
     keys = {k for line in read_metrics(tmp_path) for k in line}
     assert keys == {*metrics.TRAINER_KEYS, *DIAGNOSTIC_KEYS, "weights/rms"}
+    # a training line: the trainer's core record, the built-in metrics, a researcher's, then MFU
+    core = ["step", "tokens", "train/loss", "lr", "grad_norm", "train/clip_rate", "train/nonfinite_steps"]
+    order = [*core, "time", "ms_per_step", "tokens_per_s", "gamma", *DIAGNOSTIC_KEYS, "weights/rms", "mfu"]
+    assert [list(line) for line in read_metrics(tmp_path) if "train/loss" in line] == [order, order]
     assert all(metrics.is_trainer_key(k) for k in DIAGNOSTIC_KEYS)
     with pytest.raises(RuntimeError, match=r"'new/key' is neither in mars.train.metrics.TRAINER_KEYS"):
         metrics._check_keys({"step": 1, "weights/rms": 1.0, "new/key": 2.0})

@@ -13,7 +13,7 @@ config's architecture and shape; each refusal is one line naming the file, the k
 The run records where it began in RUN_DIR/lineage.json (written once, when it starts; a resume of its
 own checkpoints keeps it):
     {"kind": "fork" | "init", "parent_run_dir": ..., "parent_checkpoint": ..., "step": N,
-     "checksums": {"file": ..., "xxh3_128": ...}, "format": "mars" | "hf"}
+     "checksum_algorithm": "xxh3_128", "checksums": {FILE: HASH}, "format": "mars" | "hf"}
 "step" is the parent's step the branch starts after (0 for an HF directory); "checksums" is the hash
 of the parent checkpoint's checksums.json (which covers every one of its files), or of the HF config
 and weights files.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -199,13 +200,28 @@ def load_hf(path: Path):
     try:
         hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
         adapter = adapter_for(hf_config.model_type)
-        hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+        with _quiet_transformers():
+            hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
         return adapter.from_hf(hf.eval())
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ckpt.CheckpointError(
             f"train.init_from={path}: cannot import it as a GPT-2 or LLaMA model ({first})"
         ) from None
+
+
+@contextmanager
+def _quiet_transformers():
+    """No progress bars from transformers while it loads (a refusal stays one line on stderr)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def init_weights(model, source: str) -> None:
@@ -243,7 +259,7 @@ def check_source(cfg: Any, run_dir: Path | None, world_size: int) -> None:
 
 def lineage(kind: str, source: Path) -> dict:
     """The lineage.json record of a run that starts from `source` (a step dir, or an HF directory)."""
-    from mars.checkpoint.checksums import file_digest
+    from mars.checkpoint.checksums import ALGORITHM, file_digest
 
     source = source.resolve()
     if is_hf_dir(source):
@@ -254,6 +270,7 @@ def lineage(kind: str, source: Path) -> dict:
             "parent_run_dir": None,
             "parent_checkpoint": str(source),
             "step": 0,
+            "checksum_algorithm": ALGORITHM,
             "checksums": {f: file_digest(source / f) for f in files},
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
@@ -264,6 +281,7 @@ def lineage(kind: str, source: Path) -> dict:
         "parent_run_dir": str(source.parent.parent),
         "parent_checkpoint": str(source),
         "step": int(ckpt.read_meta(source)["step"]),
+        "checksum_algorithm": ALGORITHM,
         "checksums": {sums.name: file_digest(sums)} if sums.is_file() else {},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -272,6 +290,7 @@ def lineage(kind: str, source: Path) -> dict:
 def write_lineage(run_dir: str | os.PathLike, record: dict) -> None:
     from mars.files import write_atomic
 
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(run_dir) / LINEAGE_FILE, json.dumps(record, indent=2) + "\n")
 
 

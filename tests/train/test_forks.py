@@ -233,3 +233,29 @@ def test_init_from_a_hugging_face_directory(monkeypatch, capsys, data_root, tmp_
         f"train.init_from={source}: {source / 'config.json'} holds another model",
         "model.n_layer=1 (config: 2)",
     )
+
+
+@pytest.mark.slow
+def test_a_budget_branch_on_two_fsdp_ranks_equals_the_standalone_run(data_root, tmp_path):
+    """The same as in one process, under train.parallel=fsdp on 2 ranks (sharded checkpoints)."""
+    from test_e2e import TRAIN, final_weights, run
+    from test_fsdp import torchrun
+
+    def train(run_dir, max_steps, *extra):
+        overrides = tiny_overrides(
+            data_root, max_steps=max_steps, batch_size=1, global_batch_size=4, eval_steps=4, eval_interval=3
+        )
+        args = [*overrides, *WSD, "train.parallel=fsdp", *extra, f"hydra.run.dir={run_dir}"]
+        run(torchrun(2, TRAIN, *args), tmp_path)
+
+    start = decay_start(6, compose([*tiny_overrides(data_root, max_steps=6), *WSD]).schedule)
+    trunk, branch, alone = tmp_path / "trunk", tmp_path / "branch", tmp_path / "alone"
+    train(trunk, 8, f"train.ckpt_steps=[{start}]")
+    parent = trunk / "ckpt" / ckpt.step_dirname(start)
+    assert ckpt.read_meta(parent)["format"] == "sharded"
+    train(branch, 6, f"train.fork_from={parent}")
+    train(alone, 6)
+    assert [r for r in lines(trunk) if r["step"] <= start] + lines(branch) == lines(alone)
+    (ours, _), (theirs, _) = final_weights(branch), final_weights(alone)
+    assert all(torch.equal(w, theirs[k]) for k, w in ours.items())
+    assert read_lineage(branch)["step"] == start

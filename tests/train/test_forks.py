@@ -259,3 +259,30 @@ def test_a_budget_branch_on_two_fsdp_ranks_equals_the_standalone_run(data_root, 
     (ours, _), (theirs, _) = final_weights(branch), final_weights(alone)
     assert all(torch.equal(w, theirs[k]) for k, w in ours.items())
     assert read_lineage(branch)["step"] == start
+
+
+def test_reports_and_plots_show_a_forks_lineage(monkeypatch, capsys, tmp_path, data_root, trunk):
+    """Branches of one trunk at two budgets stay two runs (each its own setting, none an 'extended' run of
+    another); the run table names each one's parent and step, and the plot draws the parent's curve up to
+    the fork."""
+    from mars.analysis.groups import at_sweep_length, group_runs
+    from mars.analysis.plots import curves_figure
+    from mars.analysis.runs import load_run, load_runs
+
+    sweep = tmp_path / "branches"
+    for budget in (3, 4):
+        args = [f"train.fork_from={trunk / 'ckpt' / 'step_00000002'}", "train.resume=auto"]
+        args += [f"hydra.run.dir={sweep / str(budget)}"]
+        code, _, err = run_cli(monkeypatch, capsys, [*tiny_overrides(data_root, max_steps=budget), *args])
+        assert code == 0, err
+    runs, notes = at_sweep_length(load_runs([sweep]))
+    assert not notes and [len(g.runs) for g in group_runs(runs)] == [1, 1]
+    assert [r.lineage_line() for r in runs] == [
+        f"{sweep / str(b)}: fork of {trunk.resolve()} at step 2" for b in (3, 4)
+    ]
+    assert runs[0].parent_points("train/loss") == [
+        (p.tokens, p.seconds, p.value) for p in load_run(trunk).metrics["train/loss"][:2]
+    ]
+    figure = curves_figure(runs)
+    # per run: its own curve, the parent's up to the fork and the fork mark (train loss, tokens axis)
+    assert len(figure.axes[0].lines) == 3 * len(runs)

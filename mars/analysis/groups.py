@@ -52,7 +52,11 @@ class Group:
 
 def extended(run: Run) -> bool:
     """Whether the run was continued with a new train.max_steps (train.resume and train.max_steps among
-    its overrides: how docs/training.md trains a finished run on) rather than launched with it."""
+    its overrides: how docs/training.md trains a finished run on) rather than launched with it. A fork
+    (train.fork_from: a budget branch, which may carry train.resume=auto to requeue) is a run of its
+    own length, never an extension of its parent's."""
+    if run.flat.get("train.fork_from") not in (None, "", "none", "null"):
+        return False
     return "train.max_steps" in run.overrides and "train.resume" in run.overrides
 
 

@@ -303,6 +303,14 @@ def curves_figure(
             if not m.is_evaluation:
                 ys = smooth(ys, smooth_window)
             style = {"color": color, "label": run.label, "lw": 1.4}
+            before = run.parent_points(m.key)  # a fork: its parent's curve up to the fork, thin
+            if before:
+                for row, x in enumerate((0, 1)[:rows]):
+                    pts = [(p[x] / (tok_scale if x == 0 else t_scale), p[2]) for p in before]
+                    pts = [p for p in pts if math.isfinite(p[0])]
+                    if pts:
+                        axes[row, col].plot(*zip(*pts, strict=True), color=color, lw=0.7, alpha=0.6)
+                        axes[row, col].plot(*pts[-1], marker="|", ms=10, color=color, ls="none")
             if m.is_evaluation and len(series) < 30:
                 style.update(marker="o", ms=3)
             axes[0, col].plot([p[0] / tok_scale for p in series], ys, **style)

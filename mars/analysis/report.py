@@ -135,6 +135,7 @@ class Report:
     paired: bool  # pairing allowed (not --unpaired)
     panels: list[Metric] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    lineage: list[str] = field(default_factory=list)  # forks and runs begun from other weights
 
     @property
     def n_runs(self) -> int:
@@ -211,6 +212,7 @@ def build_report(
         paired=paired,
         panels=panels,
         warnings=[*extended, *_warnings(groups, results, m)],
+        lineage=[line for r in runs if (line := r.lineage_line())],
     )
 
 
@@ -539,6 +541,8 @@ def render_markdown(
     parts += ["", NOTES]
     if report.warnings:
         parts += ["", "Warnings:", *(f"- {w}" for w in report.warnings)]
+    if report.lineage:  # a fork's own metrics begin after the step it forked at
+        parts += ["", "Lineage:", *(f"- {line}" for line in report.lineage)]
     for title, lines in sections:
         parts += ["", f"{title}:", *(f"- {line}" for line in lines)]
     for fig in figures:
@@ -649,6 +653,7 @@ def to_json(report: Report) -> dict:
             "paired": report.paired,
             "groups": groups,
             "warnings": report.warnings,
+            "lineage": report.lineage,
         }
     )  # fmt: skip
 

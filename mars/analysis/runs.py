@@ -131,6 +131,30 @@ class Run:
     has_metrics: bool = False
     last_step: int = 0
     last_tokens: float = 0.0
+    lineage: dict | None = None  # RUN_DIR/lineage.json: the run forked from or began with another's weights
+
+    def lineage_line(self) -> str | None:
+        """ "RUN: fork of PARENT_RUN_DIR at step N" (or "weights of SOURCE"), None for a run of its own."""
+        info = self.lineage
+        if not info:
+            return None
+        if info.get("kind") == "fork":
+            return f"{self.path}: fork of {info.get('parent_run_dir')} at step {info.get('step')}"
+        return f"{self.path}: initial weights of {info.get('parent_checkpoint')}"
+
+    def parent_points(self, key: str) -> list[tuple[float, float, float]]:
+        """A fork's parent's (tokens, seconds, value) of a metric up to the step it forked at (its own
+        metrics.jsonl holds only the steps after it); [] for other runs or a parent that is gone."""
+        info = self.lineage or {}
+        parent = Path(str(info.get("parent_run_dir") or ""))
+        if info.get("kind") != "fork" or not (parent / METRICS).is_file():
+            return []
+        try:
+            run = load_run(parent)
+        except AnalysisError:
+            return []
+        step = float(info.get("step", 0))
+        return [(p.tokens, p.seconds, p.value) for p in run.metrics.get(key, ()) if p.step <= step]
 
     @cached_property
     def flat(self) -> dict[str, Any]:
@@ -190,6 +214,9 @@ def load_run(path: Path, sweep: Path | None = None, with_metrics: bool = True) -
         overrides=overrides,
         choices=read_choices(path),
     )
+    from mars.train.lineage import read_lineage
+
+    run.lineage = read_lineage(path)
     metrics = path / METRICS
     run.has_metrics = metrics.is_file()
     if not run.has_metrics or not with_metrics:

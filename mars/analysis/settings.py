@@ -35,6 +35,10 @@ IGNORED_KEYS = frozenset(
         "train.log_interval",
         "train.ckpt_interval",
         "train.keep_last",
+        "train.ckpt_steps",
+        # a budget branch computes what a standalone run of its own config computes (docs/training.md):
+        # where it forked is its lineage (RUN_DIR/lineage.json, shown apart), not a setting
+        "train.fork_from",
     }
 )
 IGNORED_PREFIXES = ("logger.", "downstream.", "hydra.")

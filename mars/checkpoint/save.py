@@ -218,12 +218,21 @@ def _settled_healthy(step_dir: Path) -> bool:
     return bool(meta.get("healthy", True)) and meta.get("spike_pending") is None
 
 
+def _marked_keep(step_dir: Path) -> bool:
+    try:
+        return bool(read_meta(step_dir).get("keep", False))
+    except CheckpointError:
+        return False
+
+
 def rotate(ckpt_root: str | os.PathLike, keep_last: int) -> None:
     """Delete complete checkpoints beyond the newest `keep_last`, except the newest healthy one saved with
-    no spike pending, and leftovers of interrupted saves."""
+    no spike pending, those meta.json marks "keep" (saved at a step of train.ckpt_steps), and leftovers
+    of interrupted saves."""
     root = Path(ckpt_root)
     found = list_checkpoints(root)
     keep = set(found[-keep_last:]) if keep_last > 0 else set(found)
+    keep |= {p for p in found if _marked_keep(p)}
     healthy = [p for p in found if _settled_healthy(p)]
     if healthy:
         keep.add(healthy[-1])

@@ -198,6 +198,7 @@ def precheck(argv: list[str]) -> Plan | None:
         plan = Plan(multirun=bool(args.multirun), cfg=cfgs[0], cfgs=cfgs)
         if rank0:
             _place(plan, name, args.overrides, places)
+            _check_sources(plan)
     return plan
 
 
@@ -232,6 +233,20 @@ def _place(plan: Plan, name: str, overrides: list[str], places: list) -> None:
                 "the subdir tell the jobs apart (e.g. end it with ${hydra.job.num})"
             )
     plan.in_process = launcher(master) == BASIC_LAUNCHER and all(c.launch.gpus_per_job < 1 for c in plan.cfgs)
+
+
+def _check_sources(plan: Plan) -> None:
+    """train.fork_from / train.init_from name a checkpoint (or HF directory) this run can start from
+    (mars.train.lineage.check_source): verified, healthy, of the config's model and fixed keys."""
+    from mars.train.lineage import check_source
+
+    dirs = plan.job_dirs if plan.multirun else [plan.out_dir]
+    for cfg, run_dir in zip(plan.cfgs, dirs, strict=False):
+        try:
+            check_source(cfg, run_dir, env_world_size())
+        except ConfigError as e:
+            where = f" (sweep job {run_dir})" if plan.multirun else ""
+            raise ConfigError(f"{e}{where}") from None
 
 
 def _check_resume_path(cfg) -> None:

@@ -50,6 +50,8 @@ class TrainConfig:
     eval_steps: int = 20  # validation micro-batches of batch_size sequences, summed over all ranks
     log_interval: int = 10
     ckpt_interval: int = 1000  # 0: only the final (and preemption) checkpoint
+    ckpt_steps: list[int] = field(default_factory=list)  # further steps to checkpoint at (e.g. the decay
+    # starts of shorter budgets: mars.train.schedule.decay_start); each in 1..max_steps
     keep_last: int = 2  # checkpoints kept in RUN_DIR/ckpt (older ones are deleted)
     seed: int = 1337  # model init and every other random choice (dropout, ...)
     data_seed: int | None = None  # the order of the training batches (None: train.seed)
@@ -60,6 +62,10 @@ class TrainConfig:
     grad_reduction: str = "mean"  # mean: loss / accumulation steps | sum: the reference (no division)
     resume: str | None = None  # auto (latest checkpoint of the run dir, else start fresh) | PATH
     overwrite: bool = False  # a new run in a run dir that holds one: move the old run aside (else refuse)
+    # a new run from another run's checkpoint (a step dir, or a run dir: its newest): everything carried
+    # over as a resume carries it (weights, optimizer, data position, RNG, step), in this run dir
+    fork_from: str | None = None
+    init_from: str | None = None  # weights alone (a run dir, a step dir, a Hugging Face GPT-2/LLaMA dir)
     max_nonfinite_steps: int = 5  # stop after this many skipped (non-finite) steps in a row
     # divergence alarms (mars/train/health.py): a checkpoint within health_window steps after an alarm
     # is marked unhealthy, and rotation keeps the newest healthy one
@@ -267,6 +273,8 @@ def _validate(cfg: Any, world_size: int) -> None:
             f"{max_steps} (e.g. {max(0, max_steps // 10)}), or raise train.max_steps"
         )
     fraction("schedule.decay_fraction", float(get(cfg, "schedule.decay_fraction")), closed=True)
+    _check_ckpt_steps(get(cfg, "train.ckpt_steps"), max_steps)
+    _check_start(cfg)
     _check_model(cfg)
     _check_data(cfg)
     _check_tokenizer(cfg)
@@ -276,6 +284,40 @@ def _validate(cfg: Any, world_size: int) -> None:
     if get(cfg, "downstream.interval") > 0 and not get(cfg, "downstream.tasks"):
         raise ConfigError(
             "downstream.interval > 0 needs downstream.tasks (e.g. downstream.tasks=[hellaswag])"
+        )
+
+
+def _check_ckpt_steps(steps: Any, max_steps: int) -> None:
+    bad = [
+        s for s in (steps or []) if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= max_steps
+    ]
+    if bad:
+        raise ConfigError(
+            f"train.ckpt_steps={list(steps)}: {bad[0]!r} is not a step of this run; give whole steps from 1 "
+            f"to train.max_steps={max_steps} (e.g. train.ckpt_steps=[{max(1, max_steps // 2)}])"
+        )
+
+
+_NO_PATH = (None, "", "none", "null")
+
+
+def _check_start(cfg: Any) -> None:
+    """train.fork_from, train.init_from and train.resume: at most one source of the first step. resume=auto
+    goes with either (it continues the run dir's own checkpoints once it has some: a requeued branch
+    continues itself); resume=PATH does not."""
+    fork, init, resume = (get(cfg, f"train.{k}") for k in ("fork_from", "init_from", "resume"))
+    if fork not in _NO_PATH and init not in _NO_PATH:
+        raise ConfigError(
+            f"train.fork_from={fork} and train.init_from={init}: a run starts from one of them; keep "
+            "fork_from to carry the optimizer, data position and step over, init_from for the weights alone"
+        )
+    given = next(
+        (f"train.{k}={v}" for k, v in (("fork_from", fork), ("init_from", init)) if v not in _NO_PATH), None
+    )
+    if given and resume not in (*_NO_PATH, "auto"):
+        raise ConfigError(
+            f"{given} with train.resume={resume}: a run starts from one checkpoint; drop train.resume (or "
+            "use train.resume=auto, which continues this run dir's own checkpoints once it has some)"
         )
 
 

@@ -21,7 +21,10 @@ Rules (checked on rank 0 before any data is read or a process group exists):
   * train.resume=PATH continues exactly that checkpoint (no fallback); checkpoints of this run dir
     newer than it are moved aside, so that later saves and resume=auto never mix the two histories;
   * a checkpoint beyond train.max_steps is refused; one at train.max_steps has nothing left to train;
-  * in every resume, the config may only change what mars.train.resume allows.
+  * in every resume, the config may only change what mars.train.resume allows;
+  * train.fork_from starts a new run (the rules of a new run above) from another run's checkpoint, and
+    with train.resume=auto a run dir that has checkpoints of its own continues them instead: a requeued
+    fork continues itself (mars.train.lineage).
 Every check comes before anything is moved.
 """
 
@@ -40,12 +43,13 @@ from mars.entry import hydra_value
 from mars.files import nearest_existing, try_create_dir_in
 from mars.train import runlock
 from mars.train.config import ConfigError
+from mars.train.lineage import LINEAGE_FILE, given, source_checkpoint
 from mars.train.metrics import METRICS_FILE
 from mars.train.resume import check_resume_config
 
 log = logging.getLogger("mars.train")
 
-ARTIFACTS = (ckpt.CKPT_DIR, METRICS_FILE, "wandb")
+ARTIFACTS = (ckpt.CKPT_DIR, METRICS_FILE, "wandb", LINEAGE_FILE)
 HYDRA_FILES = (".hydra", "train.log")  # what Hydra writes into a run dir (job name "train")
 NO_RESUME = (None, "", "none", "null")
 
@@ -220,7 +224,7 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
     resume = t.resume
     if resume in NO_RESUME:
         _fresh_start(run_dir, t.overwrite)
-        return None
+        return _fork_point(t)
     here = (run_dir / ckpt.CKPT_DIR).resolve()
     skipped: list[str] = []  # log lines of resume=auto, said once every check has passed
     if resume == "auto":
@@ -233,12 +237,14 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
             for p in unhealthy
         ]
         if chosen is None:
+            fork = _fork_point(t)
+            how = f"starting the fork from {fork}" if fork else "starting from scratch"
             log.info(
-                f"train.resume=auto: no checkpoint in {run_dir / ckpt.CKPT_DIR}, starting from scratch "
+                f"train.resume=auto: no checkpoint in {run_dir / ckpt.CKPT_DIR}, {how} "
                 "(to continue an earlier run, also pass hydra.run.dir=THAT_RUN_DIR)"
             )
-            _move_aside(run_dir, [run_dir / a for a in ARTIFACTS], "starting from scratch")
-            return None
+            _move_aside(run_dir, [run_dir / a for a in ARTIFACTS], how)
+            return fork
         aside = sorted([p for p, _ in rejected] + unhealthy)
     else:
         chosen = ckpt.resolve_checkpoint(Path(resume).expanduser())
@@ -281,6 +287,12 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
             f"{chosen} is marked unhealthy (saved just after a divergence alarm); continuing it as asked"
         )
     return chosen
+
+
+def _fork_point(t) -> Path | None:
+    """The checkpoint a new run forks from (train.fork_from; checked by mars.train.lineage.check_fork
+    before the run dir was made), or None."""
+    return source_checkpoint("train.fork_from", t.fork_from) if given(t.fork_from) else None
 
 
 def _nothing_to_continue(here: Path, rejected: list[tuple[Path, str]], unhealthy: list[Path]) -> str:

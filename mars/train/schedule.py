@@ -41,16 +41,14 @@ class LRSchedule:
         self.warmup_steps = int(warmup_steps)
         self.decay_steps = max(int(decay_steps), self.warmup_steps + 1)
         self.min_factor = float(min_factor)
-        stable_end = self.decay_steps - decay_fraction * (self.decay_steps - self.warmup_steps)
-        self.stable_end = max(float(self.warmup_steps), stable_end)
+        self.stable_end = _stable_end(self.warmup_steps, self.decay_steps, decay_fraction)
 
     @classmethod
     def from_config(cls, schedule_cfg, base_lr: float, max_steps: int) -> LRSchedule:
-        decay_steps = schedule_cfg.decay_steps if schedule_cfg.decay_steps is not None else max_steps
         return cls(
             name=schedule_cfg.name,
             warmup_steps=schedule_cfg.warmup_steps,
-            decay_steps=decay_steps,
+            decay_steps=_decay_steps(schedule_cfg, max_steps),
             min_factor=float(schedule_cfg.min_lr) / float(base_lr),
             decay_fraction=schedule_cfg.decay_fraction,
         )
@@ -69,6 +67,36 @@ class LRSchedule:
             return 1.0 - progress * (1.0 - m)
         progress = min(1.0, (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps))
         return m + _remaining(self.name, progress) * (1.0 - m)
+
+
+def _decay_steps(schedule_cfg, max_steps: int) -> int:
+    """Where the decay ends: schedule.decay_steps, or train.max_steps when it is null."""
+    return int(schedule_cfg.decay_steps if schedule_cfg.decay_steps is not None else max_steps)
+
+
+def _stable_end(warmup_steps: int, decay_steps: int, decay_fraction: float) -> float:
+    """wsd: where the peak ends and the decay begins (a float: the decay takes the last decay_fraction of
+    the steps after warmup, wherever that falls)."""
+    decay_steps = max(int(decay_steps), int(warmup_steps) + 1)
+    return max(float(warmup_steps), decay_steps - decay_fraction * (decay_steps - warmup_steps))
+
+
+def decay_start(max_steps: int, schedule_cfg) -> int:
+    """The first step (0-based, as LRSchedule counts) whose lr may be below the peak of a run of
+    `max_steps` steps: every step before it runs at the warmup's or the peak's lr, whatever max_steps is.
+
+    wsd: the first step at or after the decay's start (its lr is the peak's when the start is a whole
+    step, below it otherwise); cosine and linear: the end of warmup; constant: never (decay_steps).
+    A wsd run of any length >= B agrees with a run of B steps on every step before decay_start(B): a
+    checkpoint saved there (train.ckpt_steps) is where a cooldown branch of length B forks
+    (train.fork_from, docs/training.md)."""
+    name, warmup = schedule_cfg.name, int(schedule_cfg.warmup_steps)
+    decay_steps = _decay_steps(schedule_cfg, max_steps)
+    if name == "wsd":
+        return math.ceil(_stable_end(warmup, decay_steps, float(schedule_cfg.decay_fraction)))
+    if name == "constant":
+        return max(decay_steps, warmup)
+    return warmup
 
 
 def _remaining(shape: str, progress: float) -> float:

@@ -33,6 +33,7 @@ from mars.train import builtin_metrics as builtin_metrics  # registers gamma and
 from mars.train.config import Config, global_batch_size
 from mars.train.distributed import DistInfo, all_reduce_sum, barrier
 from mars.train.health import HealthMonitor
+from mars.train.lineage import given, init_weights, is_hf_dir, lineage, source_checkpoint, write_lineage
 from mars.train.metrics import Metrics, MetricsFile, Progress, check_metrics, logged_metrics
 from mars.train.resume import load_optimizer_state
 from mars.train.rundir import resume_command
@@ -69,6 +70,15 @@ def _config_node(cfg) -> DictConfig:
     return cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
 
 
+def _branch_kind(t, run_dir: Path, resume_from: Path | None) -> str | None:
+    """How a run begins from another: "fork" (train.fork_from, continuing another run dir's checkpoint),
+    "init" (train.init_from's weights, at step 0), or None (from scratch, or resuming its own)."""
+    if resume_from is None:
+        return "init" if given(t.init_from) else None
+    foreign = resume_from.resolve().parent.parent != run_dir.resolve()
+    return "fork" if foreign and given(t.fork_from) else None
+
+
 def build_model(model_cfg, device: torch.device, seed: int, shard=None):
     """The model of `model_cfg` (its model.arch's class) on `device`, initialised from a generator seeded
     with `seed`. `shard`, when given, is applied to the model while it is still on the meta device
@@ -88,6 +98,9 @@ class Trainer:
     and gamma schedules), restore (the checkpoint `resume_from`, if any), logging. The loop is fit()."""
 
     def __init__(self, cfg, run_dir: str | Path, dist: DistInfo, resume_from: str | Path | None = None):
+        """resume_from: the checkpoint to continue (mars.train.rundir.choose_start): this run dir's own, or
+        another run's (train.fork_from: this run is a fork of it). With none, train.init_from (if set)
+        gives the initial weights."""
         self.cfg = _to_config(cfg)
         node = _config_node(cfg)
         self.config_yaml = OmegaConf.to_yaml(node, resolve=True)
@@ -95,6 +108,7 @@ class Trainer:
         self.dist = dist
         self.device = torch.device(dist.device)
         resume_from = None if resume_from is None else Path(resume_from)
+        self.branch = _branch_kind(self.cfg.train, self.run_dir, resume_from)  # "fork" | "init" | None
 
         self._build_data()
         self._build_model()
@@ -201,6 +215,9 @@ class Trainer:
         self.health = HealthMonitor(t.health_window, t.spike_factor, t.spike_loss)
         self.window = _Window(self.device)
         if step_dir is None:
+            if self.branch == "init":
+                init_weights(self.raw_model, t.init_from)
+                log.info(f"initial weights from train.init_from={t.init_from}")
             return None
         ckpt.check_model_shape(step_dir, self.cfg.model)
         ckpt.load_model_state(self.raw_model, step_dir)
@@ -215,6 +232,9 @@ class Trainer:
         self.health.load_state_dict(state.get("health", {}))
         if "window" in state:  # older checkpoints: the first log line averages the steps since the resume
             self.window.load_state_dict(state["window"], self._micro_batches_per_step(), self.dist.is_main)
+        if self.branch == "fork":  # a run of its own: a wandb run of its own too
+            log.info(f"forked from {step_dir} at step {self.state.step}")
+            return None
         log.info(f"resumed from {step_dir} at step {self.state.step}")
         return ckpt.read_meta(step_dir).get("wandb_run_id")
 
@@ -226,6 +246,11 @@ class Trainer:
             return
         if resume_from is not None and resume_from.resolve().parent.parent == self.run_dir.resolve():
             MetricsFile(self.run_dir).truncate_after(self.state.step)
+        if self.branch is not None:  # where this run began (a resume of its own checkpoints keeps it)
+            source = resume_from if self.branch == "fork" else Path(self.cfg.train.init_from).expanduser()
+            if self.branch == "init" and not is_hf_dir(source):
+                source = source_checkpoint("train.init_from", str(source))
+            write_lineage(self.run_dir, lineage(self.branch, source))
         self.metrics = Metrics(self.run_dir, self.cfg.logger.wandb, config, wandb_run_id=wandb_run_id)
 
     # ------------------------------------------------------------------ state
@@ -236,7 +261,8 @@ class Trainer:
     def save(self, preempted: bool = False) -> Path | None:
         """Checkpoint the current step. Replicated (ddp): rank 0 writes the "full" format while the others
         wait. Sharded (fsdp): every rank writes its shards ("sharded" format), rank 0 the rest.
-        preempted: saved because the run was stopped by a signal (meta.json says so: mars.train.rundir)."""
+        preempted: saved because the run was stopped by a signal (meta.json says so: mars.train.rundir).
+        A checkpoint at a step of train.ckpt_steps is marked "keep": rotation never deletes it."""
         s = self.state
         window = self.window.state_dict(self._micro_batches_per_step())  # every rank: the loss is summed
         sharded = None
@@ -270,6 +296,7 @@ class Trainer:
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "preempted": preempted,
                 "spike_pending": self.health.spike_pending(),
+                "keep": s.step in self.cfg.train.ckpt_steps,
             }
             path = ckpt.save_checkpoint(
                 self.run_dir,
@@ -544,7 +571,7 @@ class Trainer:
                     self._eval_and_log()
                 if self._every(self.cfg.downstream.interval):
                     self._downstream_and_log()
-                if last or out.stop or self._every(t.ckpt_interval):
+                if last or out.stop or self._every(t.ckpt_interval) or s.step in t.ckpt_steps:
                     self.save(preempted=out.stop)
                     last_saved = s.step
                 if out.stop:

@@ -1,0 +1,303 @@
+"""Runs that start from another run: forks (train.fork_from) and weights alone (train.init_from).
+
+A fork is a new run, in a run dir of its own, that continues another run's checkpoint exactly as a
+resume would (weights, optimizer state, data position, RNG, step, the log window): its schedule,
+train.max_steps and optimizer hyperparameters may differ from the parent's, the keys a resume fixes
+may not (mars.train.resume). init_from takes the weights alone (a mars checkpoint, or a Hugging Face
+GPT-2 / LLaMA directory) and starts at step 0 with a fresh optimizer and the run's own data order.
+
+Both are checked before any compute (rank 0, before Hydra writes the run dir: mars.train.cli): the
+checkpoint verifies against its checksums, is healthy (mars.train.health), and holds a model of the
+config's architecture and shape; each refusal is one line naming the file, the key and the fix.
+
+The run records where it began in RUN_DIR/lineage.json (written once, when it starts; a resume of its
+own checkpoints keeps it):
+    {"kind": "fork" | "init", "parent_run_dir": ..., "parent_checkpoint": ..., "step": N,
+     "checksum_algorithm": "xxh3_128", "checksums": {FILE: HASH}, "format": "mars" | "hf"}
+"step" is the parent's step the branch starts after (0 for an HF directory); "checksums" is the hash
+of the parent checkpoint's checksums.json (which covers every one of its files), or of the HF config
+and weights files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mars.checkpoint as ckpt
+from mars.checkpoint.layout import CHECKSUMS, META, MODEL_CONFIG, MODEL_WEIGHTS, RUN_CONFIG, SHARDED_DIR
+from mars.checks import get
+from mars.train.config import ConfigError
+
+LINEAGE_FILE = "lineage.json"
+HF_CONFIG = "config.json"
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # what transformers' from_pretrained reads
+NO_PATH = (None, "", "none", "null")
+
+
+def given(value: Any) -> bool:
+    return value not in NO_PATH
+
+
+# ----------------------------------------------------------------------------- the sources
+
+
+def source_checkpoint(key: str, value: str) -> Path:
+    """The step dir `key`=`value` names (a step dir, a run dir or its ckpt/: the newest complete one)."""
+    chosen = ckpt.resolve_checkpoint(Path(str(value)).expanduser())
+    if chosen is None:
+        raise ckpt.CheckpointNotFoundError(
+            f"{key}={value}: no complete checkpoint there; give a run dir, its ckpt/ folder or a "
+            "ckpt/step_XXXXXXXX folder"
+        )
+    return chosen
+
+
+def is_hf_dir(path: Path) -> bool:
+    """A transformers model directory (config.json, no mars checkpoint files)."""
+    return (path / HF_CONFIG).is_file() and not (path / META).is_file()
+
+
+def _check_healthy(key: str, value: str, step_dir: Path, meta: dict) -> None:
+    if not meta.get("healthy", True):
+        raise ckpt.CheckpointError(
+            f"{key}={value}: {step_dir} is marked unhealthy in its meta.json (saved within "
+            "train.health_window steps of a divergence alarm); branch from an earlier checkpoint of that "
+            'run (one without "healthy": false)'
+        )
+
+
+def _verify(key: str, value: str, step_dir: Path, only=None) -> dict:
+    """meta.json after checking the checkpoint's bytes (all of them, or the files `only` accepts)."""
+    from mars.checkpoint import checksums
+
+    try:
+        meta = ckpt.read_meta(step_dir)
+        _check_healthy(key, value, step_dir, meta)
+        if only is None:
+            ckpt.verify_checkpoint(step_dir)
+        else:
+            checksums.verify(step_dir, meta, only=only)
+    except ckpt.CheckpointError as e:
+        text = str(e)
+        raise type(e)(text if text.startswith(f"{key}=") else f"{key}={value}: {text}") from None
+    return meta
+
+
+def _effective(arch: str, key: str, config: Any) -> Any:
+    """A model key's value as it shapes the model (LLaMA: a null mlp_hidden / n_kv_head is derived)."""
+    if arch == "llama" and key in ("mlp_hidden", "n_kv_head"):
+        from mars.model.llama import kv_heads, mlp_hidden
+
+        return mlp_hidden(config) if key == "mlp_hidden" else kv_heads(config)
+    return get(config, key)
+
+
+def model_differences(saved: Any, model_cfg: Any) -> list[str]:
+    """`model.KEY=saved (config: ours)` for the architecture and every key its spec fixes (shape_keys,
+    fixed_keys) on which the saved model config and the run's differ."""
+    from mars.model.spec import arch_of, model_config, spec_for
+
+    theirs, ours = arch_of(saved), arch_of(model_cfg)
+    if theirs != ours:
+        return [f"model.arch={theirs} (config: {ours})"]
+    spec, saved, model_cfg = spec_for(model_cfg), model_config(saved), model_config(model_cfg)
+    keys = [k for k in (*spec.shape_keys, *spec.fixed_keys) if not (ours == "llama" and k == "multiple_of")]
+    return [
+        f"model.{k}={_effective(ours, k, saved)} (config: {_effective(ours, k, model_cfg)})"
+        for k in keys
+        if _effective(ours, k, saved) != _effective(ours, k, model_cfg)
+    ]
+
+
+def _refuse_model(key: str, value: str, file: Path, diffs: list[str]) -> None:
+    if diffs:
+        raise ckpt.CheckpointMismatchError(
+            f"{key}={value}: {file} holds another model: {', '.join(diffs)}; set those model keys (or pick "
+            "the model= preset) the source was trained with"
+        )
+
+
+def check_fork(cfg: Any, world_size: int) -> Path:
+    """The step dir train.fork_from names, verified (every file against its checksums), healthy, of the
+    config's model, and trained under the config's values of every key a resume fixes."""
+    from mars.checkpoint.model_dir import read_model_config
+    from mars.train.resume import FIXED_KEYS, fixed_differences
+
+    value = str(cfg.train.fork_from)
+    step_dir = source_checkpoint("train.fork_from", value)
+    meta = _verify("train.fork_from", value, step_dir)
+    _refuse_model("train.fork_from", value, step_dir / MODEL_CONFIG, model_differences(
+        read_model_config(step_dir / MODEL_CONFIG), cfg.model
+    ))  # fmt: skip
+    saved = ckpt.read_run_config(step_dir)
+    diffs = [
+        d
+        for d in fixed_differences(saved, cfg, meta.get("world_size"), world_size)
+        if d.split(":", 1)[0] in FIXED_KEYS
+    ]
+    if diffs:
+        key, change = diffs[0].split(": ", 1)
+        old = change.split(" -> ", 1)[0].strip("'")
+        raise ConfigError(
+            f"train.fork_from={value}: the fork would change {'; '.join(diffs)} (from the parent's "
+            f"{step_dir / RUN_CONFIG}); a fork keeps the keys a resume keeps (model shape, optimizer kind, "
+            f"data, global batch, seeds): set {key}={old} as the parent has it, or start from its weights "
+            "alone with train.init_from"
+        )
+    if meta["step"] > int(cfg.train.max_steps):
+        raise ConfigError(
+            f"train.fork_from={value}: {step_dir} is at step {meta['step']}, beyond train.max_steps="
+            f"{cfg.train.max_steps}; raise train.max_steps above {meta['step']}, or fork from an earlier "
+            "checkpoint"
+        )
+    return step_dir
+
+
+def _model_file(rel: str) -> bool:
+    return rel in (MODEL_CONFIG, MODEL_WEIGHTS) or rel.startswith(f"{SHARDED_DIR}/")
+
+
+def check_init(cfg: Any) -> Path:
+    """The directory train.init_from names, checked: a mars checkpoint's model files verify against its
+    checksums and it is healthy, or an HF directory has its config and weights; either holds a model
+    of the config's architecture and shape (the HF model is loaded to tell)."""
+    from mars.checkpoint.model_dir import read_model_config
+
+    value = str(cfg.train.init_from)
+    path = Path(value).expanduser()
+    if is_hf_dir(path):
+        _refuse_model("train.init_from", value, path / HF_CONFIG, model_differences(
+            load_hf(path).config, cfg.model
+        ))  # fmt: skip
+        return path
+    step_dir = source_checkpoint("train.init_from", value)
+    _verify("train.init_from", value, step_dir, only=_model_file)
+    _refuse_model("train.init_from", value, step_dir / MODEL_CONFIG, model_differences(
+        read_model_config(step_dir / MODEL_CONFIG), cfg.model
+    ))  # fmt: skip
+    return step_dir
+
+
+def load_hf(path: Path):
+    """The mars model of a transformers GPT-2 / LLaMA directory (CPU, float32), through its adapter
+    (mars.model.hf). Weights are read by transformers: model.safetensors, or pytorch_model.bin, which
+    it loads with torch.load(weights_only=True), so no code in the files runs."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mars.model.hf import adapter_for
+
+    file = path / HF_CONFIG
+    if not any((path / w).is_file() for w in HF_WEIGHTS):
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: no weights next to {file} (expected {' or '.join(HF_WEIGHTS)})"
+        )
+    try:
+        hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        adapter = adapter_for(hf_config.model_type)
+        with _quiet_transformers():
+            hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+        return adapter.from_hf(hf.eval())
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: cannot import it as a GPT-2 or LLaMA model ({first})"
+        ) from None
+
+
+@contextmanager
+def _quiet_transformers():
+    """No progress bars from transformers while it loads (a refusal stays one line on stderr)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
+def init_weights(model, source: str) -> None:
+    """Copy the weights train.init_from names into `model` (plain or FSDP2-sharded), in place."""
+    from mars.model.lm import copy_full_, unwrap_model
+
+    path = Path(source).expanduser()
+    if not is_hf_dir(path):
+        ckpt.load_model_state(model, source_checkpoint("train.init_from", source))
+        return
+    import torch
+
+    state = load_hf(path).state_dict()
+    with torch.no_grad():
+        for name, param in unwrap_model(model).state_dict(keep_vars=True).items():
+            copy_full_(param, state[name])
+
+
+def check_source(cfg: Any, run_dir: Path | None, world_size: int) -> None:
+    """Before Hydra writes the run dir (rank 0): the source train.fork_from or train.init_from names can
+    start this run. Skipped where train.resume=auto will continue the run dir's own checkpoints."""
+    t = cfg.train
+    if not (given(t.fork_from) or given(t.init_from)):
+        return
+    if t.resume == "auto" and run_dir is not None and ckpt.list_checkpoints(Path(run_dir) / ckpt.CKPT_DIR):
+        return
+    if given(t.fork_from):
+        check_fork(cfg, world_size)
+    else:
+        check_init(cfg)
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+def lineage(kind: str, source: Path) -> dict:
+    """The lineage.json record of a run that starts from `source` (a step dir, or an HF directory)."""
+    from mars.checkpoint.checksums import ALGORITHM, file_digest
+
+    source = source.resolve()
+    if is_hf_dir(source):
+        files = [HF_CONFIG, *(w for w in HF_WEIGHTS if (source / w).is_file())]
+        return {
+            "kind": kind,
+            "format": "hf",
+            "parent_run_dir": None,
+            "parent_checkpoint": str(source),
+            "step": 0,
+            "checksum_algorithm": ALGORITHM,
+            "checksums": {f: file_digest(source / f) for f in files},
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+    sums = source / CHECKSUMS
+    return {
+        "kind": kind,
+        "format": "mars",
+        "parent_run_dir": str(source.parent.parent),
+        "parent_checkpoint": str(source),
+        "step": int(ckpt.read_meta(source)["step"]),
+        "checksum_algorithm": ALGORITHM,
+        "checksums": {sums.name: file_digest(sums)} if sums.is_file() else {},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def write_lineage(run_dir: str | os.PathLike, record: dict) -> None:
+    from mars.files import write_atomic
+
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(run_dir) / LINEAGE_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def read_lineage(run_dir: str | os.PathLike) -> dict | None:
+    """RUN_DIR/lineage.json (None: the run began from scratch, or the file cannot be read)."""
+    try:
+        data = json.loads((Path(run_dir) / LINEAGE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -21,29 +21,15 @@ interrupted study redoes only what is missing (the driver: orphans continue with
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mars.study.errors import StudyError
+from mars.train.schedule import decay_start  # the one rule of where wsd's decay starts
 
 UNITS = ("steps", "tokens")
 TRUNK, BRANCH = "trunk", "branch"
-
-
-def decay_start(max_steps: int, schedule_cfg: Any) -> int:
-    """Where a wsd run of `max_steps` steps leaves the peak: the first step whose lr may be below it
-    (mars.train.schedule.decay_start where the trainer has it; else the same rule as its LRSchedule)."""
-    try:
-        from mars.train.schedule import decay_start as of_schedule
-    except ImportError:  # a trainer without forks: LRSchedule's stable_end, rounded up to a step
-        from mars.train.schedule import LRSchedule
-
-        decay_steps = schedule_cfg.decay_steps if schedule_cfg.decay_steps is not None else max_steps
-        sched = LRSchedule("wsd", schedule_cfg.warmup_steps, decay_steps, 0.0, schedule_cfg.decay_fraction)
-        return math.ceil(sched.stable_end)
-    return int(of_schedule(int(max_steps), schedule_cfg))
 
 
 @dataclass(frozen=True)

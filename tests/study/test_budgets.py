@@ -163,14 +163,7 @@ def test_the_report_recovers_a_known_speedup_at_every_budget_and_size(tmp_path, 
     assert "top1-seed1-s-b32" in md and "report.md" in {p.name for p in written}
 
 
-def _has_forks() -> bool:
-    import mars.train.schedule
-
-    return hasattr(mars.train.schedule, "decay_start")
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _has_forks(), reason="needs train.fork_from and train.ckpt_steps (wip/forks)")
 def test_a_budgets_study_of_the_real_train_py_branches_equal_standalone_runs(tmp_path, data_root):
     """One arm, nothing searched, budgets 6 and 8 steps: a trunk and a branch through train.py; the
     branch's final val loss is that of a standalone wsd run of 6 steps, bit for bit."""

@@ -14,13 +14,13 @@ install:
 train: install
 	$(PYTHON) train.py $(ARGS)
 
-# The fast suite runs on every core (pytest-xdist); the slow one, whose tests start several processes
-# each and time their collectives, one test at a time.
+# Both suites run on every core (pytest-xdist); the slow one keeps each file's tests in one worker
+# (--dist loadfile), so that a module's shared multi-process fixture runs once.
 test: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m pytest -q -m "not slow" -n auto
-	$(PYTHON) -m pytest -q -m slow
+	$(PYTHON) -m pytest -q -m slow -n auto --dist loadfile
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" -n auto

@@ -236,7 +236,8 @@ def test_init_from_a_hugging_face_directory(monkeypatch, capsys, data_root, tmp_
 
 
 @pytest.mark.slow
-def test_a_budget_branch_on_two_fsdp_ranks_equals_the_standalone_run(data_root, tmp_path):
+@pytest.mark.parametrize("model", [[], LLAMA], ids=["gpt2", "llama"])
+def test_a_budget_branch_on_two_fsdp_ranks_equals_the_standalone_run(data_root, tmp_path, model):
     """The same as in one process, under train.parallel=fsdp on 2 ranks (sharded checkpoints)."""
     from test_e2e import TRAIN, final_weights, run
     from test_fsdp import torchrun
@@ -245,7 +246,7 @@ def test_a_budget_branch_on_two_fsdp_ranks_equals_the_standalone_run(data_root, 
         overrides = tiny_overrides(
             data_root, max_steps=max_steps, batch_size=1, global_batch_size=4, eval_steps=4, eval_interval=3
         )
-        args = [*overrides, *WSD, "train.parallel=fsdp", *extra, f"hydra.run.dir={run_dir}"]
+        args = [*overrides, *model, *WSD, "train.parallel=fsdp", *extra, f"hydra.run.dir={run_dir}"]
         run(torchrun(2, TRAIN, *args), tmp_path)
 
     start = decay_start(6, compose([*tiny_overrides(data_root, max_steps=6), *WSD]).schedule)

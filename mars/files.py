@@ -98,3 +98,9 @@ def fsync_tree(root: Path) -> None:
             fsync_file(Path(dirpath) / f)
     for d in reversed(dirs):
         fsync_dir(d)
+
+
+def project_root() -> Path | None:
+    """The source checkout this package runs from (holding pyproject.toml and configs/), if any."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() and (root / "configs").is_dir() else None

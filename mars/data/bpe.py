@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mars.data.tokenizer import TokenizerError
+from mars.data.errors import TokenizerError
 
 NAME_RE = re.compile(r"^embedded-bpe-(\d+)$")
 EOT = "<|endoftext|>"
@@ -69,7 +69,7 @@ def train_bpe(texts: list[str], vocab_size: int, out_dir: Path) -> Path:
 
 
 def tokenizers_root() -> Path:
-    from mars.data.layout import project_root
+    from mars.files import project_root
 
     return (project_root() or Path.cwd()) / "data" / "tokenizers"
 

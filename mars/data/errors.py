@@ -36,3 +36,7 @@ class SourceChangedError(SourceError):
 
     Raised instead of writing a different dataset under the old manifest (or progress record).
     """
+
+
+class TokenizerError(DataError, ValueError):
+    """data.tokenizer names nothing loadable, or a tokenizer unfit for shards (no end-of-text token)."""

@@ -28,7 +28,7 @@ from mars.data.config import GPT2_TOKENIZER as GPT2
 from mars.data.config import DataConfig
 from mars.data.errors import ManifestError, SourceError
 from mars.entry import hydra_value as _hydra_value
-from mars.files import write_atomic
+from mars.files import project_root, write_atomic
 
 FORMAT_VERSION = 1
 DTYPE = "uint16"  # GPT-2's (and any vocabulary up to 65536 tokens); larger vocabularies get uint32 shards
@@ -78,12 +78,6 @@ def as_data_config(cfg: Any) -> DataConfig:
     if unknown:
         raise SourceError(f"unknown data config keys {unknown}; known keys: {sorted(known)}")
     return DataConfig(**cfg)
-
-
-def project_root() -> Path | None:
-    """The source checkout this package runs from (holding pyproject.toml and configs/), if any."""
-    root = Path(__file__).resolve().parents[2]
-    return root if (root / "pyproject.toml").is_file() and (root / "configs").is_dir() else None
 
 
 def dataset_dir(cfg: DataConfig) -> Path:

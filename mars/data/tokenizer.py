@@ -27,7 +27,7 @@ import tiktoken
 import tiktoken.load
 
 from mars.data.config import GPT2_TOKENIZER
-from mars.data.errors import DataError
+from mars.data.errors import TokenizerError
 
 VOCAB_SIZE = 50257
 EOT_TOKEN = "<|endoftext|>"
@@ -46,10 +46,6 @@ UINT16_LIMIT = 1 << 16  # vocabularies up to this size fit uint16 shards
 
 class TokenizerFilesError(RuntimeError):
     """The GPT-2 BPE files are missing or do not match the known hashes."""
-
-
-class TokenizerError(DataError, ValueError):
-    """data.tokenizer names nothing loadable, or a tokenizer unfit for shards (no end-of-text token)."""
 
 
 @dataclass(frozen=True)

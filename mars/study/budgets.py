@@ -94,7 +94,7 @@ def check_size_configs(study, cfgs: dict[str, Any]) -> None:
             )
         other = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "model"}
         if other != ref:
-            from mars.study.spec import differences
+            from mars.study.diff import differences
 
             diff = differences(ref, other, "")
             raise StudyError(

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import yaml
 
+from mars.study.diff import differences
 from mars.study.errors import StudyError
-from mars.study.spec import Study, differences, identity
+from mars.study.spec import Study, identity
 
 SPEC_FILE = "spec.yaml"
 

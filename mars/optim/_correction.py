@@ -62,6 +62,22 @@ class CorrectionMixin:
 
     correction = staticmethod(rules.correction)  # c_t: override in a subclass for a variant
 
+    def _corrected_momentum(self, params, grads, bufs, outs, gamma, beta, scale, out_scale: float) -> None:
+        """The matrices' MARS momentum (MARS-Shampoo, MARS-M): m <- beta m + (1 - beta) c~ (c_t clipped),
+        the Newton-Schulz input m * out_scale written to `outs`, g_prev <- g."""
+        prevs = self._buffers_of(params, "last_grad")
+        _kernels.update(
+            rules.mars_momentum,
+            [grads, prevs, bufs],
+            [bufs, outs, prevs],
+            fused=self.fused,
+            options={"correction": self.correction},
+            gamma=gamma,
+            beta=beta,
+            scale=scale,
+            out_scale=out_scale,
+        )
+
     def _correction_init(self, approx: bool, diagnostics: bool) -> None:
         if not isinstance(inspect.getattr_static(type(self), "correction", None), staticmethod):
             raise TypeError(

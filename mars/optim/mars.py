@@ -269,18 +269,10 @@ class MARS(CorrectionMixin, BucketedStep, DistributedOptimizer, TorchContract, O
     def _momentum(self, group: dict, params: list, grads: list, outs: list, scales) -> None:
         """MARS-Shampoo: m <- beta1 m + (1 - beta1) c~, Newton-Schulz input m / (1 - beta1)."""
         beta1 = group["betas"][0]
-        prevs = self._buffers_of(params, "last_grad")
         bufs = self._buffers_of(params, "exp_avg")
-        _kernels.update(
-            rules.mars_momentum,
-            [grads, prevs, bufs],
-            [bufs, outs, prevs],
-            fused=self.fused,
-            options={"correction": self.correction},
-            gamma=group_value(group, "gamma", params[0]),
-            beta=beta1,
-            scale=scales,
-            out_scale=1.0 / (1.0 - beta1),
+        gamma = group_value(group, "gamma", params[0])
+        self._corrected_momentum(
+            params, grads, bufs, outs, gamma, beta1, scales, out_scale=1.0 / (1.0 - beta1)
         )
 
     def _ns_setting(self, group: dict) -> tuple[int, float]:

@@ -162,18 +162,7 @@ class MARSM(CorrectionMixin, MatrixOptimizer):
                 rules.lean_momentum, [grads, bufs], [bufs, outs], fused=self.fused, beta=beta, a=a, b=b
             )
             return
-        prevs = self._buffers_of(params, "last_grad")
-        _kernels.update(
-            rules.mars_momentum,
-            [grads, prevs, bufs],
-            [bufs, outs, prevs],
-            fused=self.fused,
-            options={"correction": self.correction},
-            gamma=gamma,
-            beta=beta,
-            scale=scales,
-            out_scale=1.0,
-        )
+        self._corrected_momentum(params, grads, bufs, outs, gamma, beta, scales, out_scale=1.0)
 
 
 @dataclass

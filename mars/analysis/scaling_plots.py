@@ -27,6 +27,15 @@ def _panels(n: int):
     return fig, list(axes[0])
 
 
+def _log_x_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """The finish every panel of these figures shares: a log x axis, the labels, a small title, a grid."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+
+
 def _title(size) -> str:
     return f"{size.name}: {size.params / 1e6:.3g}M non-embedding params" if size.name else ""
 
@@ -63,11 +72,7 @@ def loss_figure(out: Path, ladder: Ladder, an: Analysis, ylabel: str = "final va
             )  # fmt: skip
         if notes:
             ax.annotate("\n".join(notes), (0.02, 0.03), xycoords="axes fraction", fontsize=7, va="bottom")
-        ax.set_xscale("log")
-        ax.set_xlabel("training tokens (log)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(_title(size), fontsize=9)
-        ax.grid(alpha=0.3)
+        _log_x_axes(ax, "training tokens (log)", ylabel, _title(size))
     fig.suptitle("Final loss against tokens, with L(D) = E + A D^-alpha")
     legend_outside(fig, axes)
     return save(fig, out)
@@ -109,11 +114,9 @@ def speedup_figure(out: Path, ladder: Ladder, an: Analysis) -> list[Path]:
             )  # fmt: skip
             measured = [p for p in an.speedups.get((arm, size.name), []) if p.value is not None]
             ax.plot([p.d for p in measured], [p.value for p in measured], "o", color=palette[arm])
-        ax.set_xscale("log")
-        ax.set_xlabel("training tokens D (log)")
-        ax.set_ylabel(f"effective-data speedup over {ladder.baseline}")
-        ax.set_title(_title(size), fontsize=9)
-        ax.grid(alpha=0.3)
+        _log_x_axes(
+            ax, "training tokens D (log)", f"effective-data speedup over {ladder.baseline}", _title(size)
+        )
     fig.suptitle("Effective-data speedup: the baseline's tokens to the arm's loss at D, over D (band: 95%)")
     legend_outside(fig, axes)
     return save(fig, out)
@@ -146,11 +149,10 @@ def size_figure(out: Path, ladder: Ladder, an: Analysis) -> list[Path]:
                 ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=palette[k],
                             label=f"{arm}, {steps} steps")  # fmt: skip
             k += 1
-    ax.set_xscale("log")
-    ax.set_xlabel("non-embedding parameters (log)")
-    ax.set_ylabel(f"effective-data speedup over {ladder.baseline}")
-    ax.set_title("Speedup against model size, per budget (bars: 95%)", fontsize=9)
-    ax.grid(alpha=0.3)
+    speedup = f"effective-data speedup over {ladder.baseline}"
+    _log_x_axes(
+        ax, "non-embedding parameters (log)", speedup, "Speedup against model size, per budget (bars: 95%)"
+    )
     legend_outside(fig, [ax])
     return save(fig, out)
 

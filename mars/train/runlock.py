@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 LOCK_FILE = ".run.lock"
+NOTE_WAIT_S = 3.0  # how long a refused run waits for the holder's note (written just after the lock)
 
 _held: dict[Path, int] = {}  # run dirs this process holds -> the lock file's descriptor
 
@@ -38,14 +39,41 @@ class RunDirBusyError(RunDirLockError):
         self.holder = holder
 
 
-def _holder(fd: int) -> str:
+def _recorded(fd: int) -> dict | None:
+    """The holder's note in the lock file, or None while there is none (or only part of one)."""
     try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        info = json.loads(os.read(fd, 1 << 16).decode("utf-8") or "{}")
+        info = json.loads(os.pread(fd, 1 << 16, 0).decode("utf-8") or "{}")
     except (OSError, ValueError):
-        info = {}
-    if not isinstance(info, dict) or "pid" not in info:
-        return "another process (it has not recorded its pid yet)"
+        return None
+    return info if isinstance(info, dict) and "pid" in info else None
+
+
+def _alive_here(info: dict) -> bool:
+    """False only when the note names a process of this host that has ended (a previous holder's note,
+    read before the new holder rewrote it)."""
+    if info.get("host") != socket.gethostname():
+        return True  # another node's process: it cannot be checked from here
+    try:
+        os.kill(int(info["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return True
+    return True
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, from its note. The holder writes its note just after taking the lock, so a
+    run refused in that instant waits (at most NOTE_WAIT_S) for the note rather than naming nobody
+    or the previous holder."""
+    deadline = time.monotonic() + NOTE_WAIT_S
+    while True:
+        info = _recorded(fd)
+        if info is not None and _alive_here(info):
+            break
+        if time.monotonic() >= deadline:
+            return "another process (it has not recorded its pid)"
+        time.sleep(0.02)
     text = f"process {info['pid']} on {info.get('host', '?')}, started {info.get('started', '?')}"
     if info.get("command"):
         text += f": {info['command']}"
@@ -104,8 +132,9 @@ def hold(run_dir: str | os.PathLike, key: str = "hydra.run.dir"):
         "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])[:500],
     }
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        note = (json.dumps(info) + "\n").encode("utf-8")
+        os.pwrite(fd, note, 0)  # over the previous note, then cut: the file is never empty
+        os.ftruncate(fd, len(note))
     except OSError:
         pass  # the lock holds without the note
     _held[path] = fd

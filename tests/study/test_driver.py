@@ -106,16 +106,17 @@ def test_an_adopted_trial_waits_until_its_old_process_let_go_of_the_run_dir(tmp_
     with pytest.raises(StudyError):
         run_fake(study)
     monkeypatch.delenv("FAKE_FAIL")
-    run_dir, released = study.dir / "search" / "adamw" / "000", []
+    run_dir, released, holding = study.dir / "search" / "adamw" / "000", [], threading.Event()
 
     def old_process():  # still saving its checkpoint when the study is rerun
         with runlock.hold(run_dir):
+            holding.set()
             time.sleep(0.5)
             released.append(time.time())
 
     holder = threading.Thread(target=old_process)
     holder.start()
-    time.sleep(0.1)
+    assert holding.wait(timeout=60)
     launcher = FakeLauncher()
     starts = {}
     real_start = launcher.start

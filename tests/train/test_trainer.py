@@ -345,7 +345,7 @@ def test_in_loop_downstream_eval_under_fsdp_scores_the_whole_model_on_rank_0(dat
     gathered weights, and the run finishes instead of hanging."""
     from dist_helpers import run_ranks
 
-    out = run_ranks(2, _fsdp_downstream_rank, str(data_root), str(tmp_path), timeout=60)
+    out = run_ranks(2, _fsdp_downstream_rank, str(data_root), str(tmp_path))
     assert len(out["seen"]) == 1  # step 2, on rank 0
     evaluated, whole = out["seen"][0], out["whole"]
     assert set(evaluated) == set(whole)

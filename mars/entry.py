@@ -105,10 +105,24 @@ def hydra_value(value: Any, in_list: bool = False) -> str:
 
 def hydra_args(argv: list[str]) -> argparse.Namespace | None:
     """Hydra's reading of a command line; None for its informational modes (--help, --cfg, ...) and for
-    an extra config dir or path, where composing it here could disagree with Hydra."""
+    an extra config dir or path, where composing it here could disagree with Hydra. UsageError when it
+    asks for two modes at once (e.g. -m with --cfg)."""
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(argv)
+    modes = {
+        "--run": args.run,
+        "--multirun (-m)": args.multirun,
+        "--cfg": args.cfg is not None,
+        "--info": args.info is not None,
+        "--shell-completion": args.shell_completion,
+    }
+    chosen = [flag for flag, on in modes.items() if on]
+    if len(chosen) > 1:  # Hydra would raise a ValueError with a traceback
+        raise UsageError(
+            f"{' and '.join(chosen)} cannot be given together: Hydra runs one mode at a time (to see the "
+            "config of one job of a sweep, give --cfg job with that job's overrides and no -m)"
+        )
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.config_dir:
         return None
     if args.config_path is not None:

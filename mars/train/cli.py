@@ -38,6 +38,7 @@ from mars.entry import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    UsageError,
     hydra_args,
     hydra_value,
     is_composition_error,
@@ -470,7 +471,7 @@ def main() -> None:
             )
         try:
             plan = precheck(sys.argv[1:])
-        except ConfigError as e:
+        except (ConfigError, UsageError) as e:
             _fail(str(e), EXIT_USAGE, all_ranks=False)
         except _user_errors() as e:  # train.resume=PATH without a checkpoint: before any run dir exists
             _fail(str(e), EXIT_FAILED, all_ranks=False)

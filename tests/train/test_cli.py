@@ -26,6 +26,8 @@ pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")
         (["data.val_tokens=0"], ["data.val_tokens=0 holds no validation window", "train.eval_steps=0"]),
         (["data.verify=fast"], ["data.verify='fast' is not one of cached, full"]),
         (["launch.gpus_per_job=1"], ["launch.gpus_per_job=1 places the jobs of a sweep", "torchrun"]),
+        # two of Hydra's modes at once: Hydra itself raises a ValueError with a traceback
+        (["-m", "--cfg", "hydra", "optimizer.lr=1e-3,2e-3"], ["--multirun (-m) and --cfg cannot be given"]),
     ],
 )
 def test_config_errors_exit_2_with_one_line(monkeypatch, capsys, tmp_path, args, fragments):

@@ -71,12 +71,12 @@ def _config_node(cfg) -> DictConfig:
 
 
 def _branch_kind(t, run_dir: Path, resume_from: Path | None) -> str | None:
-    """How a run begins from another: "fork" (train.fork_from, continuing another run dir's checkpoint),
-    "init" (train.init_from's weights, at step 0), or None (from scratch, or resuming its own)."""
+    """How a run begins from another: "fork" (continuing another run dir's checkpoint: train.fork_from, or
+    train.resume=PATH naming another run dir's checkpoint, which makes the same new run), "init"
+    (train.init_from's weights, at step 0), or None (from scratch, or resuming its own)."""
     if resume_from is None:
         return "init" if given(t.init_from) else None
-    foreign = resume_from.resolve().parent.parent != run_dir.resolve()
-    return "fork" if foreign and given(t.fork_from) else None
+    return "fork" if resume_from.resolve().parent.parent != run_dir.resolve() else None
 
 
 def build_model(model_cfg, device: torch.device, seed: int, shard=None):
@@ -233,7 +233,8 @@ class Trainer:
         if "window" in state:  # older checkpoints: the first log line averages the steps since the resume
             self.window.load_state_dict(state["window"], self._micro_batches_per_step(), self.dist.is_main)
         if self.branch == "fork":  # a run of its own: a wandb run of its own too
-            log.info(f"forked from {step_dir} at step {self.state.step}")
+            how = "" if given(self.cfg.train.fork_from) else " (train.resume names another run dir's)"
+            log.info(f"forked from {step_dir} at step {self.state.step}{how}: own lineage.json and wandb run")
             return None
         log.info(f"resumed from {step_dir} at step {self.state.step}")
         return ckpt.read_meta(step_dir).get("wandb_run_id")

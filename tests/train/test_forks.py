@@ -114,6 +114,24 @@ def test_a_fork_requeued_with_resume_auto_continues_itself(monkeypatch, capsys, 
     assert (branch / "lineage.json").read_text() == first  # it still forked from the trunk's step 2
 
 
+def test_resume_from_another_run_dirs_checkpoint_is_a_fork_of_it(
+    monkeypatch, capsys, tmp_path, data_root, trunk
+):
+    """train.resume=PATH naming another run dir's checkpoint makes a new run, as train.fork_from does: it
+    records its lineage (reports draw the parent's curve) and logs to a wandb run of its own, instead of
+    a run dir whose curve starts mid-way from nowhere and a wandb run shared with its parent."""
+    step2, new = trunk / "ckpt" / "step_00000002", tmp_path / "continued"
+    before = sorted(p.name for p in (trunk / "ckpt").iterdir())
+    args = [f"train.resume={step2}", f"hydra.run.dir={new}"]
+    code, out, err = run_cli(monkeypatch, capsys, [*tiny_overrides(data_root, max_steps=3), *args])
+    assert code == 0, err
+    assert f"forked from {step2} at step 2 (train.resume names another run dir's)" in out
+    record = read_lineage(new)
+    assert (record["kind"], record["step"], record["parent_run_dir"]) == ("fork", 2, str(trunk.resolve()))
+    assert [r["step"] for r in lines(new)] == [3, 3]
+    assert sorted(p.name for p in (trunk / "ckpt").iterdir()) == before  # the parent is left as it was
+
+
 def test_what_a_fork_refuses(monkeypatch, capsys, tmp_path, data_root, trunk):
     step2, step4 = trunk / "ckpt" / "step_00000002", trunk / "ckpt" / "step_00000004"
 

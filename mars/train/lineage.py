@@ -115,8 +115,10 @@ def model_differences(saved: Any, model_cfg: Any) -> list[str]:
 
 
 def _refuse_model(key: str, value: str, file: Path, diffs: list[str]) -> None:
+    """A ConfigError (exit 2), as for train.resume=PATH and a fork's other fixed keys: the fix is on the
+    command line."""
     if diffs:
-        raise ckpt.CheckpointMismatchError(
+        raise ConfigError(
             f"{key}={value}: {file} holds another model: {', '.join(diffs)}; set those model keys (or pick "
             "the model= preset) the source was trained with"
         )

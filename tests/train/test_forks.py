@@ -153,8 +153,8 @@ def test_what_a_fork_refuses(monkeypatch, capsys, tmp_path, data_root, trunk):
         err, f"train.fork_from={step2}", "train.seed: 1337 -> 7", "config.yaml", "train.seed=1337"
     )
 
-    code, _, err = fork(step2, "model.n_embd=64")
-    assert code == 1
+    code, _, err = fork(step2, "model.n_embd=64")  # exit 2 like the seed, and like train.resume=PATH
+    assert code == 2
     assert_one_line(err, f"{step2 / 'model.json'} holds another model", "model.n_embd=32 (config: 64)")
 
     code, _, err = fork(step2, "train.resume=" + str(step2))
@@ -245,7 +245,7 @@ def test_init_from_a_hugging_face_directory(monkeypatch, capsys, data_root, tmp_
     wrong = [*overrides, "model.n_layer=2", f"hydra.run.dir={tmp_path / 'wrong'}"]
     capsys.readouterr()
     code, _, err = run_cli(monkeypatch, capsys, wrong)
-    assert code == 1
+    assert code == 2
     assert_one_line(
         err,
         f"train.init_from={source}: {source / 'config.json'} holds another model",

@@ -113,6 +113,7 @@ class PowerLaw:
 
 
 MIN_FIT_POINTS = 4  # three parameters and at least one point to spare
+B_MIN, B_MAX = 1e-4, 5.0  # the exponent's range; a fit that ends on either bound is refused
 N_PARAMETERS = 3  # a, b, c: the fewest points a fit can be asked of (mars.analysis.scaling passes it)
 
 
@@ -128,8 +129,9 @@ def fit_power_law(
 
     Tokens are divided by the largest D first so the three parameters are of similar size. The
     start values come from a grid over b, where for each b the best (a, c) is a linear least
-    squares problem; curve_fit then refines all three within a > 0, 0 < b <= 5 and
-    0 <= c <= min(L) (the loss never drops below its own asymptote).
+    squares problem; curve_fit then refines all three within a > 0, B_MIN <= b <= B_MAX and
+    0 <= c <= min(L) (the loss never drops below its own asymptote). A b that ends on either bound
+    is refused (FitError): the points follow no such power law in this range.
     """
     from scipy.optimize import curve_fit
 
@@ -148,7 +150,7 @@ def fit_power_law(
         return a * np.power(u, -b) + c
 
     # all grid values of b at once: per b, (a, c) is the least-squares line of y on x = u^-b
-    bs = np.geomspace(1e-3, 5.0, 200)
+    bs = np.geomspace(1e-3, B_MAX, 200)
     x = np.power(u[None, :], -bs[:, None])
     xc = x - x.mean(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -170,7 +172,7 @@ def fit_power_law(
                 u,
                 y,
                 p0=(a0, b0, c0),
-                bounds=([0.0, 1e-4, 0.0], [np.inf, 5.0, c_max]),
+                bounds=([0.0, B_MIN, 0.0], [np.inf, B_MAX, c_max]),
                 ftol=1e-14,
                 xtol=1e-14,
                 gtol=1e-14,
@@ -180,6 +182,12 @@ def fit_power_law(
         raise FitError(f"curve_fit did not converge ({e})") from None
     if not all(map(math.isfinite, (a, b, c))):
         raise FitError("curve_fit returned non-finite parameters")
+    for bound, shape in ((B_MAX, "a drop too steep"), (B_MIN, "next to no fall")):
+        if math.isclose(b, bound, rel_tol=1e-6):  # the least squares wanted beyond it: no power law here
+            raise FitError(
+                f"the fit of {what} puts the exponent at its bound {bound:g} ({shape} for E + A "
+                f"{x_name}^-alpha over these {points}): neither the fit nor an extrapolation is determined"
+            )
     rmse = float(np.sqrt(np.mean((model(u, a, b, c) - y) ** 2)))
     return PowerLaw(
         a=float(a * scale**b), b=float(b), c=float(c), n_points=len(pts), rmse=rmse, max_tokens=float(scale)

@@ -78,6 +78,21 @@ def test_power_law_fit_refuses_too_few_points_and_rising_losses():
         fit_power_law([(d, 1.0 + d / 1e5) for d in EVAL_TOKENS[1:]])
 
 
+def test_power_law_fit_refuses_an_exponent_pinned_at_its_bound():
+    """A least-squares optimum on the exponent's bound is no power law (a CPU size ladder gave alpha 5 and
+    1e-4 in 5 of 8 fits, each shown as a fit): the reason comes back instead of those numbers."""
+    sizes = [1e5, 4e5, 1.6e6]
+    with pytest.raises(FitError, match="exponent at its bound 5 .a drop too steep"):
+        fit_power_law(
+            [(n, 6.0 + 1e40 * n**-8.0) for n in sizes], min_points=3, what="adamw", x_name="parameters"
+        )
+    with pytest.raises(FitError, match="exponent at its bound 0.0001 .next to no fall"):
+        # adamw at 300 steps on that ladder: the middle size is best, the losses do not fall with size
+        fit_power_law([(1e5, 6.036), (4e5, 5.836), (1.6e6, 6.130)], min_points=3, what="adamw")
+    fit = fit_power_law([(n, 6.0 + 300.0 * n**-0.5) for n in sizes], min_points=3)  # inside: kept
+    assert fit.b == pytest.approx(0.5, rel=1e-3)
+
+
 def welch_by_hand(x: list[float], y: list[float]) -> tuple[float, float, float]:
     """Welch's t, the Welch-Satterthwaite degrees of freedom, and the two-sided p (t.sf for the tail)."""
     vx, vy = statistics.variance(x) / len(x), statistics.variance(y) / len(y)

@@ -3,7 +3,9 @@ the adapter module its spec names (mars.model.hf_gpt2: GPT2LMHeadModel; mars.mod
 LlamaForCausalLM). A checkpoint as a Hugging Face directory: mars.checkpoint.export.
 
 Each adapter has HF_MODEL_TYPE, to_hf(model, attn_implementation="sdpa", tokenizer=None),
-from_hf(hf_model) and optionally finish_export(out_dir, model) (mars.model.spec, ``hf_adapter``).
+from_hf(hf_model) and optionally config_from_hf(hf_config, bias_nonzero) (the mars config a directory
+imports as, without loading its model: train.init_from's check, which otherwise loads it), is_bias(name)
+(the tensors bias_nonzero reads) and finish_export(out_dir, model) (mars.model.spec, ``hf_adapter``).
 """
 
 from __future__ import annotations

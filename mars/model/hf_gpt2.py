@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -117,9 +118,17 @@ def to_hf(model: nn.Module, attn_implementation: str = "sdpa", tokenizer=None):
     return hf.train(gpt.training)
 
 
-def from_hf(hf_model) -> GPT:
-    """Our GPT with the weights of a GPT2LMHeadModel (same device, dtype and train/eval mode)."""
-    hc = hf_model.config
+def is_bias(name: str) -> bool:
+    """A bias parameter of GPT-2's weights, not the attention-mask buffers that older checkpoints store
+    as ``attn.bias`` and ``attn.masked_bias``."""
+    parts = name.split(".")
+    return parts[-1] == "bias" and parts[-2:-1] != ["attn"]
+
+
+def config_from_hf(hc, bias_nonzero: Callable[[], bool]) -> GPTConfig:
+    """Our GPTConfig for a transformers GPT2Config (ValueError naming what we cannot import).
+    ``bias_nonzero()``: whether some bias of the weights is non-zero (asked only when config.json does
+    not say), so a directory can be checked without loading its model."""
     problems = []
     if hc.n_inner not in (None, 4 * hc.n_embd):
         problems.append(f"n_inner={hc.n_inner} (we use 4 * n_embd = {4 * hc.n_embd})")
@@ -135,25 +144,28 @@ def from_hf(hf_model) -> GPT:
         problems.append(f"activation_function={hc.activation_function!r} (we take {known})")
     if problems:
         raise ValueError("cannot import this GPT-2 into mars GPT: " + "; ".join(problems))
-
-    theirs = hf_model.state_dict()
-    bias = bool(getattr(hc, "mars_bias", False)) or any(
-        bool(v.any()) for k, v in theirs.items() if k.endswith(".bias")
-    )
     vocab = getattr(hc, "mars_vocab_size", None) or -(-hc.vocab_size // 64) * 64
     if vocab < hc.vocab_size:
         raise ValueError(f"mars_vocab_size={vocab} is smaller than vocab_size={hc.vocab_size}")
-    config = GPTConfig(
+    return GPTConfig(
         n_layer=hc.n_layer,
         n_head=hc.n_head,
         n_embd=hc.n_embd,
         block_size=hc.n_positions,
         vocab_size=vocab,
-        bias=bias,
+        bias=bool(getattr(hc, "mars_bias", False)) or bias_nonzero(),
         dropout=hc.resid_pdrop,
         scale_attn_by_inverse_layer_idx=bool(hc.scale_attn_by_inverse_layer_idx),
         activation=activation,
     )
+
+
+def from_hf(hf_model) -> GPT:
+    """Our GPT with the weights of a GPT2LMHeadModel (same device, dtype and train/eval mode)."""
+    hc = hf_model.config
+    theirs = hf_model.state_dict()
+    config = config_from_hf(hc, lambda: any(bool(v.any()) for k, v in theirs.items() if is_bias(k)))
+    vocab = config.vocab_size
     ref_param = theirs[WTE]
     model = GPT.empty(config, ref_param.device, dtype=ref_param.dtype)
     tensors = {}

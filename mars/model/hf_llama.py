@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,9 @@ def rope_theta(hc: Any) -> float:
     return 10000.0 if theta is None else float(theta)
 
 
-def from_hf(hf_model) -> Llama:
-    """Our Llama with the weights of a LlamaForCausalLM (same device, dtype and train/eval mode)."""
-    hc = hf_model.config
+def config_from_hf(hc, bias_nonzero: Callable[[], bool] | None = None) -> LlamaConfig:
+    """Our LlamaConfig for a transformers LlamaConfig (ValueError naming what we cannot import); the
+    config alone tells (``bias_nonzero`` is not asked: biases are refused by the config's flags)."""
     params = getattr(hc, "rope_parameters", None) or getattr(hc, "rope_scaling", None) or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     problems = []
@@ -137,8 +138,12 @@ def from_hf(hf_model) -> Llama:
         tie_embeddings=bool(hc.tie_word_embeddings),
     )
     saved = _saved_config(getattr(hc, "mars_config", None))
-    if saved is not None and _same_function(saved, config):
-        config = saved  # what the export was made from (e.g. mlp_hidden null: the 8/3 rule)
+    return saved if saved is not None and _same_function(saved, config) else config  # e.g. the 8/3 rule
+
+
+def from_hf(hf_model) -> Llama:
+    """Our Llama with the weights of a LlamaForCausalLM (same device, dtype and train/eval mode)."""
+    config = config_from_hf(hf_model.config)
     theirs = hf_model.state_dict()
     ref = theirs["model.embed_tokens.weight"]
     model = Llama.empty(config, ref.device, dtype=ref.dtype)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,7 @@ def check_init(cfg: Any) -> Path:
     path = Path(value).expanduser()
     if is_hf_dir(path):
         _refuse_model("train.init_from", value, path / HF_CONFIG, model_differences(
-            load_hf(path).config, cfg.model
+            hf_model_config(path), cfg.model
         ))  # fmt: skip
         return path
     step_dir = source_checkpoint("train.init_from", value)
@@ -185,31 +186,80 @@ def check_init(cfg: Any) -> Path:
     return step_dir
 
 
+def _hf_problem(path: Path, e: BaseException) -> ckpt.CheckpointError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return ckpt.CheckpointError(
+        f"train.init_from={path}: cannot import it as a GPT-2 or LLaMA model ({first})"
+    )
+
+
+def _hf_config_and_adapter(path: Path):
+    """(transformers' config, the mars adapter of its model_type) of an HF directory that has weights."""
+    from transformers import AutoConfig
+
+    from mars.model.hf import adapter_for
+
+    if not any((path / w).is_file() for w in HF_WEIGHTS):
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: no weights next to {path / HF_CONFIG} "
+            f"(expected {' or '.join(HF_WEIGHTS)})"
+        )
+    try:
+        hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        return hf_config, adapter_for(hf_config.model_type)
+    except (OSError, ValueError, KeyError) as e:
+        raise _hf_problem(path, e) from None
+
+
+def _weights(path: Path, wanted) -> Iterator[Any]:
+    """The tensors of an HF directory's weights file whose names pass `wanted`, read one at a time
+    (safetensors: only those; pytorch_model.bin: memory-mapped where its format allows, and always
+    with weights_only=True, so no code in it runs)."""
+    import torch
+
+    single = path / HF_WEIGHTS[0]
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                if wanted(name):
+                    yield f.get_tensor(name)
+        return
+    try:
+        state = torch.load(path / HF_WEIGHTS[1], map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
+        state = torch.load(path / HF_WEIGHTS[1], map_location="cpu", weights_only=True)
+    yield from (t for name, t in state.items() if wanted(name))
+
+
+def hf_model_config(path: Path):
+    """The mars model config an HF directory imports as, from its config.json (and, for GPT-2's `bias`,
+    its bias tensors alone): the check of train.init_from, without loading the model."""
+    hf_config, adapter = _hf_config_and_adapter(path)
+    if not hasattr(adapter, "config_from_hf"):  # a plugin's adapter may have from_hf alone
+        return load_hf(path).config
+    is_bias = getattr(adapter, "is_bias", lambda name: False)
+    try:
+        return adapter.config_from_hf(hf_config, lambda: any(bool(t.any()) for t in _weights(path, is_bias)))
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise _hf_problem(path, e) from None
+
+
 def load_hf(path: Path):
     """The mars model of a transformers GPT-2 / LLaMA directory (CPU, float32), through its adapter
     (mars.model.hf). Weights are read by transformers: model.safetensors, or pytorch_model.bin, which
     it loads with torch.load(weights_only=True), so no code in the files runs."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from mars.model.hf import adapter_for
-
-    file = path / HF_CONFIG
-    if not any((path / w).is_file() for w in HF_WEIGHTS):
-        raise ckpt.CheckpointError(
-            f"train.init_from={path}: no weights next to {file} (expected {' or '.join(HF_WEIGHTS)})"
-        )
+    _, adapter = _hf_config_and_adapter(path)
     try:
-        hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-        adapter = adapter_for(hf_config.model_type)
         with _quiet_transformers():
             hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
         return adapter.from_hf(hf.eval())
     except (OSError, ValueError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ckpt.CheckpointError(
-            f"train.init_from={path}: cannot import it as a GPT-2 or LLaMA model ({first})"
-        ) from None
+        raise _hf_problem(path, e) from None
 
 
 @contextmanager

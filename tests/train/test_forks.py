@@ -4,6 +4,7 @@ and what each refuses (docs/training.md#forks-budgets-from-one-trunk-continued-p
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -251,6 +252,41 @@ def test_init_from_a_hugging_face_directory(monkeypatch, capsys, data_root, tmp_
         f"train.init_from={source}: {source / 'config.json'} holds another model",
         "model.n_layer=1 (config: 2)",
     )
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_init_from_check_reads_the_config_not_the_model(monkeypatch, tmp_path, family):
+    """train.init_from=HF_DIR is checked from config.json (and GPT-2's bias tensors) before the run dir
+    exists; the model is loaded once, by the trainer, not a second time for the check. The config the
+    check finds is the one the full import gives, from safetensors and from pytorch_model.bin alike."""
+    import transformers
+
+    from mars.train.lineage import hf_model_config, load_hf
+
+    source = hf_dir(family, tmp_path / "hf")
+    whole = load_hf(source).config
+    bin_dir = tmp_path / "bin"  # the older format: a torch.save'd state dict (transformers 5 writes none)
+    bin_dir.mkdir()
+    shutil.copy(source / "config.json", bin_dir / "config.json")
+    hf_state = transformers.AutoModelForCausalLM.from_pretrained(source).state_dict()
+    torch.save(hf_state, bin_dir / "pytorch_model.bin")
+    assert load_hf(bin_dir).config == whole
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the check loaded the whole model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_model)
+    assert hf_model_config(source) == whole
+    assert hf_model_config(bin_dir) == whole
+    if family == "gpt2":  # biases all zero (what an export of a bias=False model writes): bias=False
+        assert whole.bias
+        zero = transformers.GPT2LMHeadModel(transformers.AutoConfig.from_pretrained(source))
+        with torch.no_grad():
+            for name, param in zero.named_parameters():
+                if name.endswith(".bias"):
+                    param.zero_()
+        zero.save_pretrained(tmp_path / "zero")
+        assert hf_model_config(tmp_path / "zero").bias is False
 
 
 @pytest.mark.slow

@@ -382,8 +382,8 @@ def _lost_rank_line(lost: str, trainer, run_dir: Path, rank: int, world_size: in
 def _user_errors() -> tuple[type[BaseException], ...]:
     from mars.checkpoint import CheckpointError
     from mars.data.errors import DataError
+    from mars.train.outcome import TrainingDivergedError
     from mars.train.runlock import RunDirLockError
-    from mars.train.trainer import TrainingDivergedError
 
     return (ConfigError, DataError, CheckpointError, TrainingDivergedError, RunDirLockError)
 

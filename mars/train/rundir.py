@@ -228,6 +228,7 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
     here = (run_dir / ckpt.CKPT_DIR).resolve()
     skipped: list[str] = []  # log lines of resume=auto, said once every check has passed
     if resume == "auto":
+        _refuse_replaying_a_divergence(cfg, run_dir)
         chosen, rejected, unhealthy = _auto(run_dir)
         if chosen is None and (rejected or unhealthy):
             raise ckpt.CheckpointError(_nothing_to_continue(here, rejected, unhealthy))
@@ -287,6 +288,27 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
             f"{chosen} is marked unhealthy (saved just after a divergence alarm); continuing it as asked"
         )
     return chosen
+
+
+def _refuse_replaying_a_divergence(cfg, run_dir: Path) -> None:
+    """train.resume=auto in a run dir whose last attempt stopped for divergence (outcome.json) under the
+    same settings: an exact resume would replay the same steps into the same divergence, and a job
+    script that requeues on any failure would loop. Refused as that divergence (exit 1, outcome.json
+    "diverged" again, so a study ranks the trial as it did), with the stop's advice."""
+    from mars.train.outcome import OUTCOME_FILE, TrainingDivergedError, read_outcome, settings_digest
+
+    last = read_outcome(run_dir)
+    if last is None or last["status"] != "diverged" or last.get("settings") is None:
+        return
+    settings = settings_digest(cfg)
+    if last["settings"] != settings:
+        return  # something changed (a lower lr, another seed, other health limits): try it
+    raise TrainingDivergedError(
+        f"train.resume=auto: this run stopped for divergence under these same settings "
+        f"({run_dir / OUTCOME_FILE}); resumed, it would replay the same steps into it again, so change a "
+        f"setting or name a checkpoint with train.resume=PATH. The stop said: {last['message']}",
+        settings,
+    )
 
 
 def _fork_point(t) -> Path | None:

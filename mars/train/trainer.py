@@ -35,15 +35,12 @@ from mars.train.distributed import DistInfo, all_reduce_sum, barrier
 from mars.train.health import HealthMonitor
 from mars.train.lineage import given, init_weights, is_hf_dir, lineage, source_checkpoint, write_lineage
 from mars.train.metrics import Metrics, MetricsFile, Progress, check_metrics, logged_metrics
+from mars.train.outcome import TrainingDivergedError, settings_digest
 from mars.train.resume import load_optimizer_state
 from mars.train.rundir import resume_command
 from mars.train.schedule import GammaSchedule, LRSchedule
 
 log = logging.getLogger(__name__)
-
-
-class TrainingDivergedError(RuntimeError):
-    """Too many non-finite steps in a row."""
 
 
 @dataclass
@@ -104,6 +101,7 @@ class Trainer:
         self.cfg = _to_config(cfg)
         node = _config_node(cfg)
         self.config_yaml = OmegaConf.to_yaml(node, resolve=True)
+        self.settings = settings_digest(node)  # recorded with a divergence stop (mars.train.outcome)
         self.run_dir = Path(run_dir)
         self.dist = dist
         self.device = torch.device(dist.device)
@@ -563,7 +561,7 @@ class Trainer:
                 self.progress.advance()
                 if s.nonfinite_streak >= t.max_nonfinite_steps:
                     self._stopped_by_divergence()
-                    raise TrainingDivergedError(self._divergence_advice(out.grad_norm))
+                    raise TrainingDivergedError(self._divergence_advice(out.grad_norm), self.settings)
                 last = s.step == t.max_steps
                 if last or self._every(t.log_interval):
                     self._log_train(self.window, out.lr)

@@ -347,6 +347,49 @@ def test_divergence_advice_is_a_command_that_runs_as_printed(monkeypatch, capsys
     assert sorted(lr) == list(range(1, 17)) and lr[13] < 0.6 * lr[12]  # the lower lr applies from step 13
 
 
+def test_resume_auto_does_not_replay_a_divergence_under_the_same_settings(
+    monkeypatch, capsys, tmp_path, data_root
+):
+    """A job script that requeues on any failure with train.resume=auto would replay the same steps into
+    the same divergence, forever: that resume is refused as the divergence it would repeat (exit 1, one
+    line with the stop's advice, outcome.json "diverged" again); with a setting changed it goes on."""
+    from mars.train.outcome import read_outcome
+
+    real = Trainer.forward_backward_step
+
+    def nan_from_step_5(self, step):  # a deterministic divergence, as an exact replay would meet it
+        loss, norm = real(self, step)
+        return (loss, torch.full_like(norm, float("nan"))) if step >= 4 else (loss, norm)
+
+    monkeypatch.setattr(Trainer, "forward_backward_step", nan_from_step_5)
+    run = tmp_path / "run"
+    args = [
+        *tiny_overrides(data_root, max_steps=8, ckpt_interval=2, max_nonfinite_steps=2, health_window=2),
+        f"hydra.run.dir={run}",
+        "train.resume=auto",
+    ]
+    code, _, err = run_cli(monkeypatch, capsys, args)
+    assert code == 1 and "The trouble began at step 5" in err
+    first = read_outcome(run)
+    checkpoints, metrics = ckpt.list_checkpoints(run / "ckpt"), (run / "metrics.jsonl").read_text()
+
+    code, _, err = run_cli(monkeypatch, capsys, args)  # the requeued job: the same command
+    assert code == 1
+    assert_one_line(err, "train.resume=auto: this run stopped for divergence under these same settings",
+                    "The stop said: stopping at step 6", "The trouble began at step 5")  # fmt: skip
+    again = read_outcome(run)
+    assert again["status"] == "diverged" and again["time"] > first["time"]
+    assert again["settings"] == first["settings"]
+    assert (
+        ckpt.list_checkpoints(run / "ckpt") == checkpoints and (run / "metrics.jsonl").read_text() == metrics
+    )
+
+    monkeypatch.setattr(Trainer, "forward_backward_step", real)
+    code, out, err = run_cli(monkeypatch, capsys, [*args, "optimizer.lr=0.0005"])  # a lower lr: it goes on
+    assert code == 0, err
+    assert "continuing from" in out and read_outcome(run)["status"] == "completed"
+
+
 def test_a_second_ctrl_c_stops_at_once_with_one_line(monkeypatch, capsys, tmp_path, data_root):
     real = Trainer.train_step
 

@@ -303,10 +303,12 @@ def _refuse_replaying_a_divergence(cfg, run_dir: Path) -> None:
     settings = settings_digest(cfg)
     if last["settings"] != settings:
         return  # something changed (a lower lr, another seed, other health limits): try it
+    said = "The stop said: "
+    stop = str(last["message"]).split(said)[-1]  # the stop's own line, also after a refusal like this one
     raise TrainingDivergedError(
         f"train.resume=auto: this run stopped for divergence under these same settings "
         f"({run_dir / OUTCOME_FILE}); resumed, it would replay the same steps into it again, so change a "
-        f"setting or name a checkpoint with train.resume=PATH. The stop said: {last['message']}",
+        f"setting or name a checkpoint with train.resume=PATH. {said}{stop}",
         settings,
     )
 

@@ -380,9 +380,10 @@ def test_resume_auto_does_not_replay_a_divergence_under_the_same_settings(
     again = read_outcome(run)
     assert again["status"] == "diverged" and again["time"] > first["time"]
     assert again["settings"] == first["settings"]
-    assert (
-        ckpt.list_checkpoints(run / "ckpt") == checkpoints and (run / "metrics.jsonl").read_text() == metrics
-    )
+    assert ckpt.list_checkpoints(run / "ckpt") == checkpoints
+    assert (run / "metrics.jsonl").read_text() == metrics
+    code, _, err = run_cli(monkeypatch, capsys, args)  # requeued again: the same line, not one quoting it
+    assert code == 1 and err.count("The stop said:") == 1 and read_outcome(run)["message"] == again["message"]
 
     monkeypatch.setattr(Trainer, "forward_backward_step", real)
     code, out, err = run_cli(monkeypatch, capsys, [*args, "optimizer.lr=0.0005"])  # a lower lr: it goes on

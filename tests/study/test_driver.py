@@ -145,8 +145,9 @@ def test_two_drivers_on_one_storage_never_run_a_trial_twice(tmp_path):
         t.join(timeout=60)
     assert not errors
     started = [d for la in launchers for d, _ in la.started]
-    assert len(started) == len(set(started)) == 2 * (6 + 2)  # every trial once, the whole budget
-    assert all(la.started for la in launchers)  # both took part
+    # Every trial once and the whole budget spent. Which driver ran how many is up to the scheduler
+    # (under load one thread may run them all before the other gets the storage): not asserted.
+    assert len(started) == len(set(started)) == 2 * (6 + 2)
 
 
 @pytest.mark.parametrize(("opt_lr", "fires"), [(3e-5, True), (2e-3, False)])

@@ -9,7 +9,7 @@ dataclass, a mapping or an OmegaConf node alike.
         at_least("train.max_steps", get(cfg, "train.max_steps"), 1)
         choice("schedule.name", get(cfg, "schedule.name"), SCHEDULES)
 
-Standard library only (`device` imports torch when it is called).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -105,23 +105,6 @@ def multiple_of(key: str, value: int, of_key: str, of_value: int) -> None:
     """A multiple of another key's value (model.n_embd of model.n_head)."""
     if value % of_value:
         fail(key, value, f"must be a multiple of {of_key}={of_value}")
-
-
-def device(key: str, value: str) -> None:
-    """`key` (train.device; eval's device) names a device this machine has: auto, cpu, cuda or cuda:N
-    of a visible CUDA device."""
-    if value in ("auto", "cpu"):
-        return
-    if not (value == "cuda" or (value.startswith("cuda:") and value[5:].isdigit())):
-        raise ValueError(f"{key}={value!r} is not one of auto, cpu, cuda, cuda:N")
-    import torch
-
-    if not torch.cuda.is_available():
-        reason = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-        raise ValueError(f"{key}={value}: {reason}; use {key}=cpu (or auto)")
-    index = int(value[5:]) if ":" in value else 0
-    if index >= torch.cuda.device_count():
-        raise ValueError(f"{key}={value}: only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from mars import checks
+from mars import device as devices
 from mars.checks import above, choice, reported_as
 from mars.eval import results as results_io
 from mars.eval.config import WANDB_MODES, register_configs
@@ -29,14 +29,6 @@ from mars.eval.tables import console_table, markdown_table
 from mars.eval.tasks import resolve_tasks
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-
-
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _plain(value):
@@ -51,7 +43,7 @@ def _check(cfg) -> None:
             raise EvalError(f"need num_fewshot >= 0, batch_size >= 1; got {got}")
         if cfg.limit is not None:
             above("limit", cfg.limit, 0, " (documents per task, or a fraction of them when < 1)")
-        checks.device("device", str(cfg.device))  # train.py's check: a device this machine has
+        devices.check("device", str(cfg.device))  # train.py's check: a device this machine has
 
 
 def run(cfg) -> list[CheckpointEval]:
@@ -82,7 +74,7 @@ def run(cfg) -> list[CheckpointEval]:
         plans.append((saved, ckpt, out_dir))
     if any(saved is None for saved, _, _ in plans):
         prepare_tasks(spec, cfg.num_fewshot)
-    device = resolve_device(cfg.device)
+    device = devices.resolve(str(cfg.device))
     evals: list[CheckpointEval] = []
     for saved, ckpt, out_dir in plans:
         if saved is not None:

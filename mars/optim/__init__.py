@@ -13,6 +13,7 @@
     config      each optimizer's value checks, once for its constructor and config; the
                 reference's keyword names; the gamma schedule                          (config.py)
     set_lr_factor, set_gamma        the trainer's schedule hooks                        (scheduled.py)
+    found_inf, skips_on_device      skipping a non-finite step on the device (torch's found_inf)
     keep_lr_1d_ratio                step pre-hook: MARS's lr_1d follows a torch lr_scheduler  (scheduled.py)
     newton_schulz                   batched quintic Newton-Schulz                    (newton_schulz.py)
 
@@ -48,7 +49,7 @@ from .mars_m import MARSM, MARSMConfig
 from .muon import Moonlight, MoonlightConfig, Muon, MuonConfig
 from .newton_schulz import newton_schulz
 from .registry import build_optimizer, make_config, optimizer_names, param_groups, register, registered
-from .scheduled import keep_lr_1d_ratio, set_gamma, set_lr_factor
+from .scheduled import found_inf, keep_lr_1d_ratio, set_gamma, set_lr_factor, skips_on_device
 
 # Every public module of this package is imported, so a new optimizer module registers itself without
 # an import line here (adding an optimizer: that module).
@@ -74,6 +75,7 @@ __all__ = [
     "MuonConfig",
     "OptimizerConfig",
     "build_optimizer",
+    "found_inf",
     "keep_lr_1d_ratio",
     "make_config",
     "newton_schulz",
@@ -84,5 +86,6 @@ __all__ = [
     "rules",
     "set_gamma",
     "set_lr_factor",
+    "skips_on_device",
     "state_bytes",
 ]

@@ -71,6 +71,7 @@ class CorrectionMixin:
             [grads, prevs, bufs],
             [bufs, outs, prevs],
             fused=self.fused,
+            gate=self._gate,
             options={"correction": self.correction},
             gamma=gamma,
             beta=beta,
@@ -123,7 +124,7 @@ class CorrectionMixin:
             parts = [f.view(t.shape) for f, t in zip(flat.split(sizes), parts, strict=True)]
         factors = iter(parts[: len(clipped)])
         if self.diagnostics:
-            self._diagnostics.add(torch.cat(parts[len(clipped) :]))
+            self._diagnostics.add(torch.cat(parts[len(clipped) :]), self._gate)
         scales = [
             list(rules.clip_scale(next(factors)[:, 0]).unbind(0)) if clip else 1.0 for *_, clip in inputs
         ]
@@ -154,7 +155,9 @@ class CorrectionMixin:
 
     def stash_previous_grads(self) -> None:
         """Copy the current p.grad (grad f(x_t, xi_{t+1})) into the optimizer's own buffer; the next
-        step() uses it as g_prev. A tensor without a gradient stashes zeros."""
+        step() uses it as g_prev. A tensor without a gradient stashes zeros, and so does every tensor
+        while `self.found_inf` is set and nonzero (a look-ahead gradient that is not finite is dropped,
+        on the device)."""
         if torch.compiler.is_compiling():
             return torch.compiler.disable(self._stash)()
         return self._stash()
@@ -182,8 +185,9 @@ class CorrectionMixin:
                     bufs, grads = buckets[(p.device, p.dtype)]
                     bufs.append(local(buf))  # a DTensor's shard: the stash stays sharded like p
                     grads.append(local(p.grad))
+        gate = self._found_inf_gate()
         for bufs, grads in buckets.values():
-            torch._foreach_copy_(bufs, grads)
+            _kernels._store(bufs, grads, gate, otherwise="zero")
         self._stashed = True
 
     def update_previous_grad(self) -> None:
@@ -223,8 +227,9 @@ class Diagnostics:
     def __init__(self) -> None:
         self._acc: Tensor | None = None  # [c_norm_mean, c_norm_max, clip_fraction, cos, ratio, steps]
 
-    def add(self, table: Tensor) -> None:
-        """Fold one step's table (rules.correction_stats per tensor) into the accumulator, on the device."""
+    def add(self, table: Tensor, gate: Tensor | None = None) -> None:
+        """Fold one step's table (rules.correction_stats per tensor) into the accumulator, on the device;
+        a step whose gate is false (skipped: found_inf) adds nothing."""
         c_norm = table[:, C2].clamp(min=0).sqrt()
         tiny = torch.finfo(table.dtype).tiny
         g_total, p_total = table[:, G2].sum(), table[:, P2].sum()
@@ -240,6 +245,8 @@ class Diagnostics:
                 torch.ones_like(cos),
             ]
         )
+        if gate is not None:
+            step = torch.where(gate.to(step.device), step, torch.zeros_like(step))
         if self._acc is None:
             self._acc = step
         else:
@@ -250,7 +257,7 @@ class Diagnostics:
                     self._acc[2] + step[2],
                     self._acc[3] + step[3],
                     self._acc[4] + step[4],
-                    self._acc[5] + 1,
+                    self._acc[5] + step[5],
                 ]
             )
 
@@ -261,5 +268,7 @@ class Diagnostics:
             return {}
         mean_, max_, clipped, cos, ratio, steps = self._acc.tolist()
         self._acc = None
+        if steps == 0:  # every step since the last read was skipped
+            return {}
         values = (mean_ / steps, max_, clipped / steps, cos / steps, ratio / steps)
         return dict(zip(DIAGNOSTIC_KEYS, values, strict=True))

@@ -3,7 +3,8 @@
 `update(rule, tensors, into, ...)` runs the rule and stores its results; `norms(rule, tensors, ...)`
 returns its per-tensor reductions as an (n, k) table. Both choose, per tensor:
 
-- compiled (fused=None where available, or fused=True): the rule compiled by torch.compile
+- compiled (fused=True, or fused=None where a compiler is available: on CUDA always, on the CPU for
+  buckets of CPU_COMPILE_MIN_NUMEL entries and more): the rule compiled by torch.compile
   (Inductor: C++/OpenMP on CPU, Triton on CUDA) on first use, one call for up to GROUP tensors of a
   bucket, one fused loop per tensor that reads each input once and writes each output once. Tensors
   are flattened and their sizes are dynamic, so one compilation serves every shape; the
@@ -18,6 +19,11 @@ returns its per-tensor reductions as an (n, k) table. Both choose, per tensor:
 
 If compilation fails (no C++ compiler, no Triton), the package switches to the multi-tensor path
 (`available()` turns False) with one warning. No path reads a value back to the host.
+
+A `gate` (a 0-dim bool tensor on the device: the step is to be taken) makes `update` keep the old
+values where it is false, on the device, NaN-safe: inside the compiled kernel a `where` per output,
+on the multi-tensor path one `torch.where` per tensor (torch has no multi-tensor select). This is how
+an optimizer skips a step whose gradients are not finite without reading anything back (found_inf).
 """
 
 from __future__ import annotations
@@ -42,6 +48,12 @@ DEFAULT_ENV = "MARS_OPTIM_FUSED"
 # tensor costs guards and a parallel region of its own, more than the memory passes it saves (ATen's
 # own parallel grain size is the same 32768).
 FUSED_MIN_NUMEL = 32768
+# On the CPU, fused=None compiles a bucket's kernels only when it holds at least this many entries in
+# such tensors. Compiling a rule costs seconds in every new process (about 6 s for MARS-AdamW's two
+# kernels on the 2-core development machine, the FX graph cache warm), and the compiled update saves
+# about 5 ns per entry and step over the multi-tensor path (docs/benchmarks.md): at 8M entries (GPT-2
+# tiny's matrices) that pays for itself within about 150 steps; a micro model (0.3M) never would.
+CPU_COMPILE_MIN_NUMEL = 8 * 2**20
 # Inductor decides at compile time, from the first call's sizes, whether a CPU kernel runs its loop in
 # parallel, and the FX graph cache then reuses that decision for every size: a kernel first compiled
 # for a small tensor would update a 38M-entry embedding on one thread. dynamic_threads always emits
@@ -201,16 +213,29 @@ def _disable(err: BaseException) -> None:
         )
 
 
+def _store(dst: list[Tensor], values: list[Tensor], gate: Tensor | None, otherwise: str = "old") -> None:
+    """dst <- values (cast to dst's dtype); with a gate, only where it is true: elsewhere dst keeps its
+    old values (otherwise="old") or becomes zeros ("zero")."""
+    if gate is None:
+        torch._foreach_copy_(dst, values)
+        return
+    gate = gate.to(dst[0].device, non_blocking=True)
+    kept = dst if otherwise == "old" else [d.new_zeros(()) for d in dst]
+    torch._foreach_copy_(dst, [torch.where(gate, v, k) for v, k in zip(values, kept, strict=True)])
+
+
 class _Kernel:
-    """A rule's per-tensor body, compiled on first use; run eagerly if compilation fails."""
+    """A rule's per-tensor body, compiled on first use; run eagerly if compilation fails (every kernel,
+    when the toolchain is broken; this one alone, when it would recompile past torch.compile's limit)."""
 
     def __init__(self, name: str, fn: Callable) -> None:
         self.name = name
         self.fn = fn
         self._compiled = None
+        self._eager = False
 
     def __call__(self, *args):
-        if _disabled_reason is not None:
+        if _disabled_reason is not None or self._eager:
             return self.fn(*args)
         try:
             if self._compiled is None:
@@ -218,6 +243,15 @@ class _Kernel:
                     self.fn, dynamic=True, fullgraph=True, options=_INDUCTOR_OPTIONS
                 )
             return self._compiled(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit as err:
+            self._eager = True
+            warnings.warn(
+                f"mars.optim: the compiled {self.name} kernel met torch.compile's recompile limit ({err}); "
+                "it runs eagerly from now on (same results, slower)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return self.fn(*args)
         except Exception as err:  # noqa: BLE001 - a broken toolchain must not stop training
             result = self.fn(*args)  # an error of the rule itself is raised here, as it is
             _disable(err)
@@ -232,16 +266,22 @@ def _wide(t: Tensor) -> Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-def _kernel(rule, arg_slots: tuple, out_slots: tuple | None, names: tuple, options: dict, n: int) -> _Kernel:
+def _kernel(
+    rule, arg_slots: tuple, out_slots: tuple | None, names: tuple, options: dict, n: int, like: tuple
+) -> _Kernel:
     """The compiled kernel of `rule` over n tensors, for one layout of its arguments: flat[s][i] is
     the i-th tensor's entry of distinct list s, flat[arg_slots[j]] its j-th tensor argument, its
     results go to flat[out_slots[k]] (out_slots None: they are returned, one row per tensor); the
-    hyperparameters are hp[i] (`names`)."""
-    key = (rule, arg_slots, out_slots, names, tuple(sorted(options.items())), n)
+    hyperparameters are hp[i] (`names`); with a gate, results are stored where it is true.
+
+    `like` (device type, dtypes of the lists, gated) is part of the key: each kernel's code object sees
+    one kind of input, so torch.compile's per-code-object recompile limit is never reached by a model
+    that mixes dtypes or devices, and sizes never recompile (dynamic)."""
+    key = (rule, arg_slots, out_slots, names, tuple(sorted(options.items())), n, like)
     kernel = _KERNELS.get(key)
     if kernel is None:
 
-        def body(flat, hp):
+        def body(flat, hp, gate):
             rows = []
             for i, values in enumerate(hp.unbind(0)):
                 args = [None if s is None else _wide(flat[s][i]) for s in arg_slots]
@@ -250,7 +290,7 @@ def _kernel(rule, arg_slots: tuple, out_slots: tuple | None, names: tuple, optio
                     rows.append(torch.stack(results))
                 else:
                     for s, r in zip(out_slots, results, strict=True):
-                        flat[s][i].copy_(r)
+                        flat[s][i].copy_(r if gate is None else torch.where(gate, r, flat[s][i]))
             return torch.stack(rows) if out_slots is None else None
 
         # a code object of its own per kernel: Dynamo caches compilations (and counts recompiles) per
@@ -296,13 +336,18 @@ def compiled_indices(fused: bool | None, tensors: Lists) -> list[int]:
     if fused is None and os.environ.get(DEFAULT_ENV, "auto") == "0":
         return []
     lists = [lst for lst in tensors if lst is not None]
-    if not available(lists[0][0].device):
+    device = lists[0][0].device
+    if not available(device):
         return []
-    return [
+    big = [
         i
         for i, t in enumerate(lists[0])
         if t.numel() >= FUSED_MIN_NUMEL and all(lst[i].is_contiguous() for lst in lists)
     ]
+    small_bucket = sum(lists[0][i].numel() for i in big) < CPU_COMPILE_MIN_NUMEL
+    if fused is None and device.type == "cpu" and small_bucket:
+        return []  # compiling would cost more than it saves
+    return big
 
 
 def _subset(values, idx: list[int]):
@@ -346,27 +391,40 @@ def _flat(t: Tensor) -> Tensor:
     return t.detach().view(-1)
 
 
-def update(rule, tensors: Lists, into: Lists, *, fused: bool | None, options=None, **hyper) -> None:
+def _like(unique: list[list[Tensor]], gated: bool) -> tuple:
+    return (unique[0][0].device.type, tuple(lst[0].dtype for lst in unique), gated)
+
+
+def update(
+    rule, tensors: Lists, into: Lists, *, fused: bool | None, options=None, gate=None, **hyper
+) -> None:
     """Run the update `rule` over a bucket and store its results in place.
 
     tensors: the rule's tensor arguments, one list per argument (entry i of each list belongs to the
     bucket's i-th tensor; None: the rule gets None); into: where each of its results goes, in order
     (lists, some of them maybe from `tensors`); hyper: its hyperparameters (numbers, 0-dim tensors,
     or per-tensor lists of 0-dim tensors); options: its static keyword arguments (functions, flags),
-    which select the compiled kernel."""
+    which select the compiled kernel; gate: a 0-dim bool tensor, the results are stored only where
+    it is true (the old values stay otherwise)."""
     options = options or {}
     big, rest = _split(fused, tensors, into, hyper)
     if rest is not None:
         for small_tensors, small_into, small_hyper, _ in _strips(*rest):
             results = _multi_tensor(rule, small_tensors, small_hyper, options)
             for dst, r in zip(small_into, results, strict=True):
-                torch._foreach_copy_(dst, r.tensors)
+                _store(dst, r.tensors, gate)
     if big:
         unique, arg_slots, out_slots = _layout(tensors, into)
+        if gate is not None:
+            gate = gate.to(unique[0][0].device, non_blocking=True)
         for group in _groups(big):
-            kernel = _kernel(rule, arg_slots, out_slots, tuple(hyper), options, len(group))
+            kernel = _kernel(
+                rule, arg_slots, out_slots, tuple(hyper), options, len(group), _like(unique, gate is not None)
+            )
             kernel(
-                [[_flat(lst[i]) for i in group] for lst in unique], _hyper_table(hyper, group, unique[0][0])
+                [[_flat(lst[i]) for i in group] for lst in unique],
+                _hyper_table(hyper, group, unique[0][0]),
+                gate,
             )
 
 
@@ -393,9 +451,9 @@ def norms(rule, tensors: Lists, *, fused: bool | None, options=None, **hyper) ->
             rows[i] = row
     unique, arg_slots, _ = _layout(tensors, [])
     for group in _groups(big):
-        kernel = _kernel(rule, arg_slots, None, tuple(hyper), options, len(group))
+        kernel = _kernel(rule, arg_slots, None, tuple(hyper), options, len(group), _like(unique, False))
         table = kernel(
-            [[_flat(lst[i]) for i in group] for lst in unique], _hyper_table(hyper, group, unique[0][0])
+            [[_flat(lst[i]) for i in group] for lst in unique], _hyper_table(hyper, group, unique[0][0]), None
         )
         for i, row in zip(group, table.unbind(0), strict=True):
             rows[i] = row

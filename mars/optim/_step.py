@@ -150,11 +150,22 @@ class BucketedStep:
     orthogonalised: tuple[str, ...] = ()
     g_prev_roles: tuple[str, ...] = ()
     form = "reference"
+    # torch's found_inf convention (its fused optimizers, torch.amp.GradScaler): a float tensor set as
+    # optimizer.found_inf before step(); when it is nonzero the step changes no parameter and no state
+    # buffer (decided on the device: nothing is read back). The step counters, CPU scalars, still count it.
+    takes_found_inf = True
+    _gate: Tensor | None = None
 
     def step(self, closure=None):
         """One step on every tensor with a gradient (tensors whose grad is None are skipped); returns
-        the closure's loss when a closure is given."""
+        the closure's loss when a closure is given. With `self.found_inf` set (a 0-dim float tensor,
+        nonzero: skip) the parameters and buffers keep their values where it says so."""
         return self._step(closure)
+
+    def _found_inf_gate(self) -> Tensor | None:
+        """The step's gate from `found_inf`: a 0-dim bool tensor, true where the step is taken."""
+        found_inf = getattr(self, "found_inf", None)
+        return None if found_inf is None else found_inf.reshape(()) == 0
 
     @torch.no_grad()
     def _step(self, closure=None):
@@ -162,6 +173,7 @@ class BucketedStep:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._gate = self._found_inf_gate()
         self._before_step()
         plan = []  # (group, role, params, step) per bucket
         for group in self.param_groups:
@@ -180,6 +192,7 @@ class BucketedStep:
         if matrices:
             self._orthogonal_updates(matrices)
         self._after_step(g_prev)
+        self._gate = None
         return loss
 
     def _before_step(self) -> None:
@@ -233,7 +246,10 @@ class BucketedStep:
             lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, step=step, params=ps, eps_form=eps_form
         )
         if mars is None:
-            _kernels.update(rules.adamw, [ps, grads, m, v, vmax], [ps, *moments], fused=self.fused, **adam)
+            outs = [ps, *moments]
+            _kernels.update(
+                rules.adamw, [ps, grads, m, v, vmax], outs, fused=self.fused, gate=self._gate, **adam
+            )
             return
         prevs = [local(s["last_grad"]) for s in states]
         _kernels.update(
@@ -241,6 +257,7 @@ class BucketedStep:
             [ps, grads, prevs, m, v, vmax],
             [ps, *moments, prevs],
             fused=self.fused,
+            gate=self._gate,
             options={"correction": self.correction},
             **mars,
             **adam,
@@ -281,4 +298,5 @@ class BucketedStep:
                     lr=group_value(group, "lr", params[0]),
                     weight_decay=group_value(group, "weight_decay", params[0]),
                     scale=rules.orthogonal_scale(self.form, rows, cols),
+                    gate=self._gate,
                 )

@@ -63,6 +63,7 @@ class Lion(BucketedStep, TorchContract, Optimizer):
             [ps, [local(p.grad) for p in params], exp_avgs],
             [ps, exp_avgs],
             fused=self.fused,
+            gate=self._gate,
             lr=group_value(group, "lr", params[0]),
             weight_decay=group_value(group, "weight_decay", params[0]),
             beta1=beta1,

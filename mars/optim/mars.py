@@ -258,6 +258,7 @@ class MARS(CorrectionMixin, BucketedStep, DistributedOptimizer, TorchContract, O
             [ps, [local(p.grad) for p in params], prevs, m],
             [ps, m, prevs],
             fused=self.fused,
+            gate=self._gate,
             options={"correction": self.correction},
             gamma=gamma,
             scale=scales,

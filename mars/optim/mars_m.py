@@ -159,7 +159,14 @@ class MARSM(CorrectionMixin, MatrixOptimizer):
         if self.lean:
             a, b = rules.lean_coefficients(self.correction, gamma, beta)
             _kernels.update(
-                rules.lean_momentum, [grads, bufs], [bufs, outs], fused=self.fused, beta=beta, a=a, b=b
+                rules.lean_momentum,
+                [grads, bufs],
+                [bufs, outs],
+                fused=self.fused,
+                gate=self._gate,
+                beta=beta,
+                a=a,
+                b=b,
             )
             return
         self._corrected_momentum(params, grads, bufs, outs, gamma, beta, scales, out_scale=1.0)

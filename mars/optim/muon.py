@@ -153,6 +153,7 @@ class MatrixOptimizer(BucketedStep, DistributedOptimizer, TorchContract, Optimiz
             [grads, bufs],
             [bufs, outs],
             fused=self.fused,
+            gate=self._gate,
             options={"nesterov": group["nesterov"]},
             beta=group["momentum"],
         )

@@ -164,23 +164,29 @@ def orthogonal_scale(form: str, rows: int, cols: int) -> float:
     return max(1.0, rows / cols) ** 0.5
 
 
-def apply_orthogonal_(params: list, O, *, lr, weight_decay, scale: float) -> None:
+def apply_orthogonal_(params: list, O, *, lr, weight_decay, scale: float, gate=None) -> None:
     """x <- x (1 - lr wd) - lr scale O_i: `decoupled` for the orthogonalised updates O (a batch (n, rows,
     cols), or a list of matrices), each shaped like params[i] as a matrix (a rank's pieces when sharded).
 
     Unlike the rules above it writes in place, with the reference codes' two multi-tensor operations
     (no kernel): O is bfloat16 (Newton-Schulz runs in bfloat16 by design) and is applied in each
     parameter's own dtype, so a float64 parameter keeps float64 precision outside O itself. lr and
-    weight_decay are numbers, or 0-dim tensors inside torch.compile."""
-    if isinstance(weight_decay, torch.Tensor) or weight_decay:
-        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    weight_decay are numbers, or 0-dim tensors inside torch.compile. With a `gate` (0-dim bool tensor)
+    the parameters change only where it is true (mars.optim._kernels: a skipped step)."""
     updates = [o if o.shape == p.shape else o.reshape(p.shape) for o, p in zip(O, params, strict=True)]
+    out = params if gate is None else torch._foreach_mul(params, 1.0)  # gated: the new values aside first
+    if isinstance(weight_decay, torch.Tensor) or weight_decay:
+        torch._foreach_mul_(out, 1.0 - lr * weight_decay)
     if isinstance(lr, torch.Tensor):
         updates = [o.to(p.dtype) for o, p in zip(updates, params, strict=True)]
         torch._foreach_mul_(updates, -lr * scale)
-        torch._foreach_add_(params, updates)
+        torch._foreach_add_(out, updates)
     else:
-        torch._foreach_add_(params, updates, alpha=-lr * scale)
+        torch._foreach_add_(out, updates, alpha=-lr * scale)
+    if gate is not None:
+        from ._kernels import _store
+
+        _store(params, out, gate)
 
 
 # ---- MARS-M's one-buffer form

@@ -1,7 +1,11 @@
-"""The values a schedule drives every step: the learning-rate factor and MARS's gamma_t. The one place
-the trainer touches an optimizer's hyperparameters during a run."""
+"""What the trainer sets on an optimizer every step: the learning-rate factor and MARS's gamma_t (the one
+place it touches an optimizer's hyperparameters during a run), and found_inf, the device-side verdict
+that a step's gradients are not finite (the step then changes nothing)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch.optim import Optimizer
@@ -57,3 +61,23 @@ def set_gamma(optimizer: Optimizer, gamma: float) -> None:
     for group in optimizer.param_groups:
         if "gamma" in group:
             group["gamma"] = gamma
+
+
+def skips_on_device(optimizer: Optimizer) -> bool:
+    """Whether `optimizer` honours torch's found_inf convention: every optimizer of this package, and
+    torch's own fused ones (AdamW(fused=True), ...: those torch.amp.GradScaler hands found_inf to)."""
+    ours = getattr(optimizer, "takes_found_inf", False)
+    return bool(ours or getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+@contextmanager
+def found_inf(optimizer: Optimizer, flag: torch.Tensor) -> Iterator[None]:
+    """optimizer.found_inf = flag (a 0-dim float tensor on the parameters' device, nonzero: skip) for the
+    step() (or exact MARS's stash_previous_grads()) inside the block, as torch.amp.GradScaler sets it:
+    the optimizer decides on the device, nothing is read back. Only for an optimizer that
+    `skips_on_device`."""
+    optimizer.found_inf = flag
+    try:
+        yield
+    finally:
+        del optimizer.found_inf

@@ -15,7 +15,6 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from mars import checks
 from mars.checks import above, at_least, at_most, choice, fraction, get, reported_as
 from mars.data.config import DataConfig
 from mars.wandb_mode import WANDB_MODES
@@ -379,10 +378,12 @@ def _check_data(cfg: Any) -> None:
 
 
 def check_device(device: str, key: str = "train.device") -> None:
-    """`key` names a device this machine has (mars.checks.device): checked before a run dir or process
+    """`key` names a device this machine has (mars.device.check): checked before a run dir or process
     group exists, or a model is loaded."""
+    from mars import device as devices
+
     with reported_as(ConfigError):
-        checks.device(key, device)
+        devices.check(key, device)
 
 
 def _check_parallel(cfg: Any, world_size: int) -> None:

@@ -159,12 +159,11 @@ def launched_distributed() -> bool:
 
 
 def resolve_device(device: str) -> str:
-    """'auto' -> cuda when available, else cpu. Under DDP each rank takes cuda:LOCAL_RANK."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and launched_distributed():
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    return device
+    """One device with its index (mars.device.resolve): auto -> cuda:N or cpu; under torchrun each rank
+    takes cuda:LOCAL_RANK, one process cuda:0."""
+    from mars.device import resolve
+
+    return resolve(device)
 
 
 def _single_process_group_env() -> None:
@@ -189,16 +188,14 @@ def init_distributed(
     group, whose collectives fail after `timeout_min` minutes. Returns this process's rank, world size
     and device."""
     device = resolve_device(device)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))  # the index is always there (resolve_device)
     if not launched_distributed() and not need_group:
-        if device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(device))
         return DistInfo(device=device)
     if not launched_distributed():
         _single_process_group_env()
     rank, world_size = env_rank(), env_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
     if backend is None:
         backend = "nccl" if device.startswith("cuda") else "gloo"
     if not dist.is_initialized():

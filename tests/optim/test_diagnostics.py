@@ -72,7 +72,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("fused", [None, False], ids=["auto", "foreach"])
+@pytest.mark.parametrize("fused", [True, False], ids=["compiled", "foreach"])
 @pytest.mark.parametrize("cfg, mars_tensor", CASES, ids=[c[0]["name"] for c in CASES])
 def test_diagnostics_equal_a_plain_recomputation_and_change_nothing(cfg, mars_tensor, fused):
     torch.manual_seed(0)

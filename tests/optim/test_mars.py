@@ -19,8 +19,9 @@ from optim_helpers import (
 
 from mars.optim import MARS, Lion
 
-# fused=None is what users get (compiled kernels on this machine), False the multi-tensor fallback.
-IMPLS = [pytest.param(None, id="auto"), pytest.param(False, id="foreach")]
+# True: the compiled kernels (what fused=None gives on a GPU, and on the CPU for large buckets), False: the
+# multi-tensor path (what fused=None gives on the CPU for small tensors, as here).
+IMPLS = [pytest.param(True, id="compiled"), pytest.param(False, id="foreach")]
 HP = dict(
     lr=1e-2,
     betas=(0.95, 0.99),
@@ -329,14 +330,19 @@ def test_approx_keeps_a_copy_not_a_reference_to_grad(fused):
     assert_matches([p.detach() for p in params], expected, params0)
 
 
-def test_default_path_uses_the_compiled_kernels_where_a_compiler_exists():
+def test_default_path_compiles_large_cpu_buckets_only(monkeypatch):
     from mars.optim import _kernels
 
     big, small = torch.zeros(256, 160), torch.zeros(5)
-    assert small.numel() < _kernels.FUSED_MIN_NUMEL <= big.numel()
+    assert small.numel() < _kernels.FUSED_MIN_NUMEL <= big.numel() < _kernels.CPU_COMPILE_MIN_NUMEL
     if not _kernels.available(big.device):
         assert _kernels.compiled_indices(None, [[big, small]]) == []
         return
+    # on the CPU a bucket this small is not worth compiling (seconds per process)...
+    assert _kernels.compiled_indices(None, [[big, small]]) == []
+    assert _kernels.compiled_indices(True, [[big, small]]) == [0]  # ...unless asked to: fused=True
+    # ...and one of CPU_COMPILE_MIN_NUMEL entries is (here: the threshold lowered to this bucket's size)
+    monkeypatch.setattr(_kernels, "CPU_COMPILE_MIN_NUMEL", big.numel())
     assert _kernels.compiled_indices(None, [[big, small]]) == [0]  # the small tensor: multi-tensor
     assert _kernels.compiled_indices(False, [[big, small]]) == []
     assert _kernels.compiled_indices(None, [[big.t(), small]]) == []  # not contiguous

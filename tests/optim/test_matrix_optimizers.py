@@ -9,7 +9,7 @@ from optim_helpers import STEPS, displacement_err, previous_grads, rel_err
 
 from mars.optim import MARSM, Moonlight, Muon
 
-IMPLS = [pytest.param(None, id="auto"), pytest.param(False, id="foreach")]
+IMPLS = [pytest.param(True, id="compiled"), pytest.param(False, id="foreach")]
 # hidden matrices (wide, tall, and one large enough for the compiled kernels) take the orthogonalised
 # step; a 1-D tensor and two embedding-like matrices (one large) take AdamW.
 MATRICES = [(6, 5), (4, 7), (192, 176)]

@@ -109,7 +109,7 @@ def public_attrs(opt):
 # ---- copies and pickles
 
 
-@pytest.mark.parametrize("fused", [None, False], ids=["auto", "foreach"])
+@pytest.mark.parametrize("fused", [True, False], ids=["compiled", "foreach"])
 @pytest.mark.parametrize("name", ALL)
 def test_deepcopy_and_pickle_give_optimizers_that_continue_identically(name, fused):
     model = make_model()
@@ -372,7 +372,7 @@ F64_SHAPES = [(256, 160), (40000,), (6, 5), (5,)]
 F64_SCALES = [1.0, 0.02, 0.05, 0.3]
 
 
-@pytest.mark.parametrize("fused", [None, False], ids=["auto", "foreach"])
+@pytest.mark.parametrize("fused", [True, False], ids=["compiled", "foreach"])
 @pytest.mark.parametrize("kind", ["mars-adamw", "mars-lion", "lion"])
 def test_float64_elementwise_updates_keep_float64_precision(kind, fused):
     gen = torch.Generator().manual_seed(4)
@@ -424,7 +424,7 @@ MATRICES = [(192, 176), (6, 5)]
 OTHERS = [(300, 128), (5,)]
 
 
-@pytest.mark.parametrize("fused", [None, False], ids=["auto", "foreach"])
+@pytest.mark.parametrize("fused", [True, False], ids=["compiled", "foreach"])
 @pytest.mark.parametrize("name", ["muon", "moonlight", "mars_m", "mars_m_lean", "mars_shampoo"])
 def test_float64_matrix_optimizers_keep_float64_outside_newton_schulz(name, fused):
     """Momentum buffers and the AdamW side follow float64 recurrences to 1e-12; the bfloat16

@@ -1,0 +1,121 @@
+"""The device a process computes on, in one place: the check of a device setting (one line naming the key,
+what this machine has, and the fix), its resolution to one device with an index (`cuda:N`, as
+torch.cuda.set_device, nccl's device_id and DDP's device_ids need), and what train.dtype means there
+(autocast and TF32). Training, evaluation and the benchmarks all take their device from here.
+
+Standard library and torch only (torch is imported when a function is called).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+FORMS = "auto, cpu, cuda, cuda:N"
+
+
+def _launched() -> bool:
+    """Under torchrun (or SLURM turned into its variables): one process per GPU, cuda:LOCAL_RANK."""
+    return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def machine() -> str:
+    """What this machine offers, in words: "cpu and 2 CUDA devices (cuda:0-cuda:1, NVIDIA H200)"."""
+    import torch
+
+    if torch.version.cuda is None and not torch.cuda.is_available():
+        return f"cpu only (torch {torch.__version__} is a CPU build)"
+    if not torch.cuda.is_available():
+        cuda = torch.version.cuda
+        return f"cpu only (torch {torch.__version__} has CUDA {cuda}, but no CUDA device is visible)"
+    n = torch.cuda.device_count()
+    which = "cuda:0" if n == 1 else f"cuda:0-cuda:{n - 1}"
+    return f"cpu and {n} CUDA device{'s' if n > 1 else ''} ({which}, {torch.cuda.get_device_name(0)})"
+
+
+def check(key: str, value: str) -> None:
+    """ValueError (one line) unless `value` names a device this process can use: auto, cpu, cuda, or
+    cuda:N of a visible GPU; under torchrun, `cuda`/`auto` with a GPU for this rank's LOCAL_RANK."""
+    if value in ("auto", "cpu"):
+        return _check_rank_gpu(key) if value == "auto" else None
+    if not (value == "cuda" or (value.startswith("cuda:") and value[5:].isdigit())):
+        raise ValueError(
+            f"{key}={value!r} is not a device this harness computes on ({FORMS}); this machine has "
+            f"{machine()}: use {key}=auto"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        fix = "install a CUDA build of torch" if torch.version.cuda is None else "check CUDA_VISIBLE_DEVICES"
+        raise ValueError(f"{key}={value}: this machine has {machine()}; use {key}=cpu (or auto), or {fix}")
+    n = torch.cuda.device_count()
+    if ":" in value:
+        index = int(value[5:])
+        if index >= n:
+            fix = f"{key}=cuda:{n - 1} or lower (or {key}=cuda)"
+            raise ValueError(f"{key}={value}: this machine has {machine()}; use {fix}")
+        if _launched():
+            raise ValueError(
+                f"{key}={value} under torchrun would put every rank on that one GPU; use {key}=cuda (or "
+                "auto): each rank takes cuda:LOCAL_RANK"
+            )
+    _check_rank_gpu(key)
+
+
+def _check_rank_gpu(key: str) -> None:
+    """Under torchrun on a GPU machine: a GPU for this rank (LOCAL_RANK below the number of GPUs)."""
+    import torch
+
+    if not (_launched() and torch.cuda.is_available()):
+        return
+    local, n = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if local >= n:
+        raise ValueError(
+            f"{key}: LOCAL_RANK={local}, but this machine has {machine()}; start at most {n} process(es) "
+            f"per node (torchrun --nproc_per_node={n}), or {key}=cpu"
+        )
+
+
+def resolve(value: str) -> str:
+    """One device with an index: auto -> cuda when a GPU is visible, else cpu; cuda -> cuda:LOCAL_RANK
+    under torchrun, else cuda:0 (the first visible GPU: CUDA_VISIBLE_DEVICES picks it)."""
+    import torch
+
+    if value == "auto":
+        value = "cuda" if torch.cuda.is_available() else "cpu"
+    if value == "cuda":
+        value = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) if _launched() else 0}"
+    return value
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a dtype setting (auto | float32 | bfloat16) means on a device: bfloat16 autocast or none,
+    and whether float32 matmuls may use TF32 (CUDA; with `float32`, they may not: float32 means float32)."""
+
+    device_type: str
+    bfloat16: bool
+
+    @classmethod
+    def of(cls, dtype: str, device_type: str) -> Precision:
+        bf16 = dtype == "bfloat16" or (dtype == "auto" and device_type == "cuda")
+        return cls(device_type, bf16)
+
+    @property
+    def name(self) -> str:
+        return "bfloat16" if self.bfloat16 else "float32"
+
+    def autocast(self):
+        """The context the forward passes run in (bfloat16 autocast, or none)."""
+        import torch
+
+        return torch.autocast(self.device_type, dtype=torch.bfloat16) if self.bfloat16 else nullcontext()
+
+    def apply(self) -> None:
+        """Set CUDA's matmul precision for this setting (process-wide; nothing to set on the CPU)."""
+        import torch
+
+        if self.device_type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.bfloat16
+            torch.backends.cudnn.allow_tf32 = self.bfloat16

@@ -1,14 +1,17 @@
 """The device a process computes on, in one place: the check of a device setting (one line naming the key,
 what this machine has, and the fix), its resolution to one device with an index (`cuda:N`, as
-torch.cuda.set_device, nccl's device_id and DDP's device_ids need), and what train.dtype means there
-(autocast and TF32). Training, evaluation and the benchmarks all take their device from here.
+torch.cuda.set_device, nccl's device_id and DDP's device_ids need), what train.dtype means there
+(autocast and TF32), and whether torch.compile can build code for it. Training, evaluation, the
+optimizers' kernels and the benchmarks all take these from here.
 
 Standard library and torch only (torch is imported when a function is called).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -119,3 +122,24 @@ class Precision:
         if self.device_type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.bfloat16
             torch.backends.cudnn.allow_tf32 = self.bfloat16
+
+
+@functools.cache
+def compiler_missing(device_type: str) -> str | None:
+    """Why torch.compile (Inductor) cannot build code for `device_type` on this machine, in words; None
+    when it can: the CPU needs a C++ compiler, CUDA needs Triton."""
+    import torch
+
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile"
+    if device_type == "cpu":
+        found = any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
+        return None if found else "no C++ compiler (g++, c++ or clang++) is on PATH"
+    if device_type == "cuda":
+        try:
+            from torch.utils._triton import has_triton
+        except ImportError:
+            return "this torch has no Triton support"
+        missing = "Triton is not installed or cannot drive this GPU (pip install triton)"
+        return None if has_triton() else missing
+    return f"the harness does not compile for {device_type}"

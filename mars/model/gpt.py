@@ -70,16 +70,21 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        # softmax(q k^T * scale): the usual 1/sqrt(head_dim), times 1/(layer_idx + 1) when
-        # scale_attn_by_inverse_layer_idx is on (computed in the same order as transformers' GPT-2).
+        # softmax(q k^T * scale / layer_div): scale the usual 1/sqrt(head_dim), layer_div = layer_idx + 1
+        # when scale_attn_by_inverse_layer_idx is on (q is divided by it; an integer, exact in any dtype).
+        # layer_div is a buffer, not a Python number: torch.compile takes it as an input, so every block
+        # shares one compilation (a number would be a constant it guards on, one recompile per layer).
         self.scale = (config.n_embd // config.n_head) ** -0.5
-        if config.scale_attn_by_inverse_layer_idx:
-            self.scale /= float(layer_idx + 1)
+        self.by_layer = config.scale_attn_by_inverse_layer_idx
+        self.register_buffer("layer_div", torch.tensor(float(layer_idx + 1)), persistent=False)
+        self.layer_idx = layer_idx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.by_layer:
+            q = q / self.layer_div
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True, scale=self.scale
         )
@@ -134,6 +139,12 @@ class GPT(CausalLM):
     def tie_weights(self) -> None:
         """Make lm_head use the token embedding matrix (call again after ``to_empty``)."""
         self.lm_head.weight = self.transformer.wte.weight
+
+    def materialised(self) -> None:
+        """After ``to_empty``: tie the weights again, set each block's attention divisor."""
+        self.tie_weights()
+        for block in self.transformer.h:
+            block.attn.layer_div.fill_(block.attn.layer_idx + 1)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:

@@ -28,9 +28,7 @@ an optimizer skips a step whose gradients are not finite without reading anythin
 
 from __future__ import annotations
 
-import functools
 import os
-import shutil
 import types
 import warnings
 from collections.abc import Callable, Sequence
@@ -185,19 +183,10 @@ def available(device: torch.device) -> bool:
     return _disabled_reason is None and _toolchain(device.type)
 
 
-@functools.cache
 def _toolchain(device_type: str) -> bool:
-    if not hasattr(torch, "compile"):
-        return False
-    if device_type == "cpu":
-        return any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
-    if device_type == "cuda":
-        try:
-            from torch.utils._triton import has_triton
-        except ImportError:
-            return False
-        return has_triton()
-    return False
+    from mars.device import compiler_missing
+
+    return compiler_missing(device_type) is None
 
 
 def _disable(err: BaseException) -> None:

@@ -279,6 +279,7 @@ def _validate(cfg: Any, world_size: int) -> None:
     _check_tokenizer(cfg)
     _check_optimizer(cfg)
     check_device(str(get(cfg, "train.device")))
+    _check_compile(cfg)
     _check_parallel(cfg, world_size)
     if get(cfg, "downstream.interval") > 0 and not get(cfg, "downstream.tasks"):
         raise ConfigError(
@@ -384,6 +385,22 @@ def check_device(device: str, key: str = "train.device") -> None:
 
     with reported_as(ConfigError):
         devices.check(key, device)
+
+
+def _check_compile(cfg: Any) -> None:
+    """train.compile=true where torch.compile cannot build code for the device is refused here, before
+    anything is built (auto, the default, trains eagerly there: mars.train.parallel.compiles)."""
+    if get(cfg, "train.compile") is not True:
+        return
+    from mars.device import compiler_missing, resolve
+
+    device_type = resolve(str(get(cfg, "train.device"))).split(":")[0]
+    missing = compiler_missing(device_type)
+    if missing:
+        raise ConfigError(
+            f"train.compile=true on {device_type}: {missing}; drop train.compile (auto: compiled where it "
+            "can be, eager elsewhere) or set it to false"
+        )
 
 
 def _check_parallel(cfg: Any, world_size: int) -> None:

@@ -207,9 +207,24 @@ def init_distributed(
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
+_HOST_GROUP: list = []
+
+
+def host_group():
+    """The process group for a few bytes of host memory every step (a preemption's stop flag): gloo, so
+    that agreeing on them reads nothing back from a GPU. The default group when it is gloo already;
+    otherwise a gloo group over every rank, created on first use (by every rank: a collective call)."""
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(dist.new_group(backend="gloo"))
+    return _HOST_GROUP[0]
+
+
 def cleanup() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _HOST_GROUP.clear()
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

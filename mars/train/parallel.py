@@ -33,7 +33,42 @@ def device_mesh(world_size: int, replicate: int, device_type: str):
     )
 
 
-def parallelize(model: nn.Module, mesh, *, mixed_precision: bool, compile_blocks: bool = False) -> nn.Module:
+def compiles(setting: bool | None, device_type: str) -> bool:
+    """train.compile: true or false as set (true where torch.compile cannot build code is refused by the
+    config's check, mars.train.config); None (auto): on CUDA when Triton can build kernels, else eager
+    with one warning, and off on the CPU (compiling costs more than a CPU run wins back). In auto mode
+    a compilation that fails on the GPU falls back to eager (torch._dynamo's suppress_errors)."""
+    import logging
+
+    from mars.device import compiler_missing
+
+    if setting is not None:
+        return setting
+    if device_type != "cuda":
+        return False
+    missing = compiler_missing(device_type)
+    if missing:
+        logging.getLogger(__name__).warning(f"train.compile: {missing}; training without torch.compile")
+        return False
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True
+    return True
+
+
+def compile_blocks(model: nn.Module) -> None:
+    """Compile each transformer block's forward in place (fullgraph): the blocks of one architecture share
+    one compilation whatever the depth (a block's per-layer values are buffers, inputs to the graph),
+    their parameter names stay as they are, and the hooks of FSDP2 (all-gather, reduce-scatter) and DDP
+    run outside the compiled code, as torchtitan compiles each block. The embedding, final norm, head
+    and loss run eagerly."""
+    from mars.model.spec import spec_of
+
+    for block in spec_of(model).blocks(model):
+        block.forward = torch.compile(block.forward, fullgraph=True)
+
+
+def parallelize(model: nn.Module, mesh, *, mixed_precision: bool) -> nn.Module:
     """Shard `model` (still on the meta device) with FSDP2: each of its architecture's blocks
     (mars.model.spec), then the root, in place."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -47,20 +82,16 @@ def parallelize(model: nn.Module, mesh, *, mixed_precision: bool, compile_blocks
 
     blocks = spec_of(model).blocks(model)
     for i, block in enumerate(blocks):
-        if compile_blocks:
-            block.compile()
         # the last block's weights are needed again at the start of backward: keep them gathered
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(blocks) - 1)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
-def fsdp_sharder(
-    mesh, *, mixed_precision: bool, compile_blocks: bool = False
-) -> Callable[[nn.Module], nn.Module]:
+def fsdp_sharder(mesh, *, mixed_precision: bool) -> Callable[[nn.Module], nn.Module]:
     """`parallelize` on `mesh` with these settings, as the function build_model applies to the model on
     the meta device."""
-    return partial(parallelize, mesh=mesh, mixed_precision=mixed_precision, compile_blocks=compile_blocks)
+    return partial(parallelize, mesh=mesh, mixed_precision=mixed_precision)
 
 
 def replicate(model: nn.Module, device: torch.device) -> nn.Module:

@@ -5,14 +5,19 @@ One optimizer step t (0-based) of the global batch B_t (`BatchLoader.get(t)`):
     lr factor <- schedule(t)
     exact MARS only (optimizer.needs_previous_grads, docs/algorithms.md section 5):
         grad f(x_t, B_{t+1})   accumulated over micro-steps, all-reduced, clipped
-        optimizer.stash_previous_grads()       -> g_prev of step t+1
+        optimizer.stash_previous_grads()       -> g_prev of step t+1 (zeros if not finite)
         zero grads
     grad f(x_t, B_t)           accumulated over micro-steps, all-reduced on the last one only
-    clip (global norm), and if the norm is finite: optimizer.step(), else skip and count
+    clip (global norm); optimizer.step() with found_inf = "the norm is not finite": a non-finite step
+    is skipped on the device (mars.optim.found_inf), nothing read back
 
-The host waits for the device once per step (the grad norm decides whether to step, and the
-stop flag of a preemption is agreed across ranks in the same read); the logged loss is summed
-on the device and reduced over ranks only at log steps.
+Nothing is read from the device in a step. The host reads it at read points only: log, evaluation,
+checkpoint and downstream steps and the last step, where the loop needs numbers anyway. There
+`settle()` reads the gradient norms of the steps since the last read point (one transfer) and runs,
+step by step, what the loop decides from them: the divergence alarms (mars.train.health), the
+skipped-step counters and their stop rule, the clip count. The logged loss is summed on the device
+and reduced over ranks at log steps. A preemption's stop flag is agreed across ranks every step in
+host memory, over a gloo group (mars.train.distributed.host_group), not through the device.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 import mars.checkpoint as ckpt
 from mars.train import builtin_metrics as builtin_metrics  # registers gamma and the mars/ diagnostics
 from mars.train.config import Config, global_batch_size
-from mars.train.distributed import DistInfo, all_reduce_sum, barrier
+from mars.train.distributed import DistInfo, all_reduce_sum, barrier, host_group
 from mars.train.health import HealthMonitor
 from mars.train.lineage import given, init_weights, is_hf_dir, lineage, source_checkpoint, write_lineage
 from mars.train.metrics import Metrics, MetricsFile, Progress, check_metrics, logged_metrics
@@ -115,8 +120,14 @@ class Trainer:
         check_metrics(self.raw_model, self.optimizer)  # a plugin metric with no number: stop before step 1
         self._start_logging(OmegaConf.to_container(node, resolve=True), resume_from, wandb_run_id)
 
-        self._batch_cache: tuple[int, list] | None = None
+        self._batch_cache: dict[int, list] = {}
+        self._unread: list[tuple[int, torch.Tensor]] = []  # (step, grad norm) since the last read point
         self._stop_signal: int | None = None
+        # the stop flag of a preemption, agreed across ranks in host memory (a gloo group): a CPU tensor
+        # and a numpy view of it, so that reading it is not a read from any device
+        self._stop_tensor = torch.zeros(1, dtype=torch.int32)
+        self._stop_flag = self._stop_tensor.numpy()
+        self._host_group = host_group() if self.dist.distributed else None
         self.last_val_loss: float | None = None
         self.progress: Progress | None = None
         self._fit_start: float | None = None
@@ -157,22 +168,21 @@ class Trainer:
             )
 
     def _build_model(self) -> None:
-        """The model from its spec, laid out by train.parallel (mars.train.parallel). fsdp: sharded on the
-        meta device, blocks compiled; ddp: compiled whole and, over several ranks, wrapped in DDP.
-        raw_model is the module itself, eval_model what evaluation runs, model what training runs."""
-        from mars.train.parallel import device_mesh, fsdp_sharder, replicate
+        """The model from its spec, laid out by train.parallel (mars.train.parallel): fsdp shards it on the
+        meta device; ddp, over several ranks, wraps it in DDP. With compilation each block's forward is
+        compiled in place (compile_blocks). raw_model is the module itself, model what training runs."""
+        from mars.device import Precision
+        from mars.train.parallel import compile_blocks, compiles, device_mesh, fsdp_sharder, replicate
 
         t = self.cfg.train
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        dtype = t.dtype if t.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
-        bf16 = dtype == "bfloat16"
-        use_compile = t.compile if t.compile is not None else self.device.type == "cuda"
+        precision = Precision.of(t.dtype, self.device.type)
+        precision.apply()  # TF32 for float32 matmuls on CUDA, except with train.dtype=float32
+        bf16 = precision.bfloat16
+        use_compile = compiles(t.compile, self.device.type)
         self.fsdp = t.parallel == "fsdp"
         self.ddp = self.dist.distributed and not self.fsdp
-        self.autocast = nullcontext()
-        if bf16 and not self.fsdp:  # under fsdp, FSDP2's MixedPrecisionPolicy casts the weights instead
-            self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16)
+        # under fsdp, FSDP2's MixedPrecisionPolicy casts the weights to bfloat16 instead of autocast
+        self.autocast = nullcontext() if self.fsdp else precision.autocast()
 
         # built on the meta device, then materialised and initialised from a generator seeded with
         # train.seed: the same weights on every rank, and in any parallel layout
@@ -180,10 +190,11 @@ class Trainer:
         shard = None
         if self.fsdp:
             self.mesh = device_mesh(self.dist.world_size, t.fsdp_replicate, self.device.type)
-            shard = fsdp_sharder(self.mesh, mixed_precision=bf16, compile_blocks=use_compile)
+            shard = fsdp_sharder(self.mesh, mixed_precision=bf16)
         self.raw_model = build_model(self.cfg.model, self.device, t.seed, shard)
-        self.eval_model = torch.compile(self.raw_model) if use_compile and not self.fsdp else self.raw_model
-        self.model = replicate(self.eval_model, self.device) if self.ddp else self.eval_model
+        if use_compile:
+            compile_blocks(self.raw_model)
+        self.model = replicate(self.raw_model, self.device) if self.ddp else self.raw_model
         self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
         self.param_names = {id(p): n for n, p in self.raw_model.named_parameters()}
 
@@ -262,6 +273,7 @@ class Trainer:
         wait. Sharded (fsdp): every rank writes its shards ("sharded" format), rank 0 the rest.
         preempted: saved because the run was stopped by a signal (meta.json says so: mars.train.rundir).
         A checkpoint at a step of train.ckpt_steps is marked "keep": rotation never deletes it."""
+        self.settle()  # the counters and health of every step up to this one
         s = self.state
         window = self.window.state_dict(self._micro_batches_per_step())  # every rank: the loss is summed
         sharded = None
@@ -316,10 +328,13 @@ class Trainer:
     # ------------------------------------------------------------------ compute
 
     def _batches(self, step: int) -> list:
-        if self._batch_cache is not None and self._batch_cache[0] == step:
-            return self._batch_cache[1]
-        batches = self.loader.get(step)
-        self._batch_cache = (step, batches)
+        """This rank's micro-batches of `step`, each loaded once: exact MARS asks for step t + 1 (its
+        look-ahead), then t (loaded as step t's look-ahead one step earlier); two entries are kept."""
+        batches = self._batch_cache.get(step)
+        if batches is None:
+            batches = self._batch_cache[step] = self.loader.get(step)
+        for old in [k for k in self._batch_cache if k < step - 1]:
+            del self._batch_cache[old]
         return batches
 
     def _forward_backward(self, batches: list) -> torch.Tensor:
@@ -353,26 +368,40 @@ class Trainer:
         if self.exact:
             self._forward_backward(self._batches(step + 1))
             ahead_norm = self._clip()
-            if not bool(torch.isfinite(ahead_norm)):
-                for p in self.params:  # a non-finite look-ahead would poison the next step: drop it
-                    if p.grad is not None:
-                        p.grad.zero_()
-            self.optimizer.stash_previous_grads()
+            # a non-finite look-ahead would poison the next step: the stash drops it (zeros)
+            self._unless_finite(ahead_norm, self.optimizer.stash_previous_grads, zero=True)
             self._zero_grads()
         loss_sum = self._forward_backward(self._batches(step))
         return loss_sum, self._clip()
 
+    def _unless_finite(self, norm: torch.Tensor, call, zero: bool = False) -> None:
+        """call() (the optimizer's step or stash) with found_inf = "`norm` is not finite": decided on the
+        device (mars.optim.found_inf). An optimizer that does not take found_inf (a plugin's, torch's
+        unfused ones) costs one read of `norm` instead: a step is then skipped on the host, a stash made
+        of zeroed gradients."""
+        from mars.optim import found_inf, skips_on_device
+
+        bad = (~torch.isfinite(norm)).to(torch.float32)
+        if skips_on_device(self.optimizer):
+            with found_inf(self.optimizer, bad):
+                call()
+        elif math.isfinite(float(norm)):
+            call()
+        elif zero:
+            torch._foreach_zero_([p.grad for p in self.params if p.grad is not None])
+            call()
+
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean token loss over the fixed validation windows, all ranks together."""
-        self.eval_model.eval()
+        self.raw_model.eval()
         totals = torch.zeros(2, device=self.device, dtype=torch.float64)
         for x, y in self.val_loader:
             with self.autocast:
-                _, loss = self.eval_model(x, y)
+                _, loss = self.raw_model(x, y)
             totals[0] += loss.double() * y.numel()
             totals[1] += y.numel()
-        self.eval_model.train()
+        self.raw_model.train()
         if self.fsdp:  # no backward follows: put back the sharded weights FSDP2 kept gathered
             from torch.distributed.fsdp import FSDPModule
 
@@ -516,31 +545,62 @@ class Trainer:
             self.progress.write(f"step {self.state.step}: val loss {val:.4f}")
 
     def train_step(self) -> StepResult:
-        """One optimizer step at self.state.step (skipped when the gradient norm is not finite)."""
+        """One optimizer step at self.state.step, with nothing read from the device: a step whose gradient
+        norm is not finite changes nothing (found_inf); its norm waits for the next read point (settle)."""
         from mars.optim import set_gamma, set_lr_factor
 
-        s, t = self.state, self.cfg.train
-        factor = self.schedule(s.step)
-        set_lr_factor(self.optimizer, factor)
+        s = self.state
+        set_lr_factor(self.optimizer, self.schedule(s.step))
         if self.gamma_schedule is not None:
             set_gamma(self.optimizer, self.gamma_schedule(s.step))
         loss_sum, norm = self.forward_backward_step(s.step)
-        stop = torch.tensor(float(self._stop_signal is not None), device=self.device)
-        if self.dist.distributed:
-            all_reduce_sum(stop)  # every rank stops at the same step
-        norm_f, stop_f = torch.stack([norm.detach().float().reshape(()), stop]).tolist()  # the one sync
-        stepped = math.isfinite(norm_f)
-        self._check_health(self.health.on_step(s.step + 1, norm_f), s.step + 1)
-        if stepped:
-            self.optimizer.step()
-            s.nonfinite_streak = 0
-            s.clipped_steps += int(t.grad_clip > 0 and norm_f > t.grad_clip)
-        else:
-            s.nonfinite_streak += 1
-            s.nonfinite_total += 1
+        self._unless_finite(norm, self.optimizer.step)
         self._zero_grads()
         s.step += 1
-        return StepResult(loss_sum, norm_f, stepped, stop_f > 0, float(self.optimizer.param_groups[0]["lr"]))
+        self._unread.append((s.step, norm.detach()))
+        self.window.add(loss_sum, norm)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        return StepResult(loss_sum, norm.detach(), self._agree_stop(), lr)
+
+    def _agree_stop(self) -> bool:
+        """Whether this is the last step: a stop signal on any rank, agreed by all of them at the same step
+        through host memory (a gloo group; one process: its own flag)."""
+        mine = self._stop_signal is not None
+        if self._host_group is None:
+            return mine
+        self._stop_flag[0] = int(mine)
+        torch.distributed.all_reduce(self._stop_tensor, group=self._host_group)
+        return bool(self._stop_flag[0])
+
+    def settle(self) -> None:
+        """A read point: the gradient norms of the steps since the last one, read in one transfer, then
+        step by step what the loop decides from them on the host: the divergence alarms (and the
+        checkpoints they mark unhealthy), the skipped-step counters, the clip count and the log window's
+        norm. A streak of train.max_nonfinite_steps skipped steps anywhere among them stops the run
+        (TrainingDivergedError). Called at every log, evaluation, checkpoint and downstream step."""
+        if not self._unread:
+            return
+        t0 = time.perf_counter()
+        norms = torch.stack([n.float().reshape(()) for _, n in self._unread]).tolist()  # the one read
+        self.window.seconds += time.perf_counter() - t0  # the wait for the device belongs to the steps
+        s, t = self.state, self.cfg.train
+        diverged = None
+        for (step, _), norm in zip(self._unread, norms, strict=True):
+            self._check_health(self.health.on_step(step, norm), step)
+            if math.isfinite(norm):
+                s.nonfinite_streak = 0
+                s.clipped_steps += int(t.grad_clip > 0 and norm > t.grad_clip)
+                self.window.norm += norm
+                self.window.good += 1
+            else:
+                s.nonfinite_streak += 1
+                s.nonfinite_total += 1
+                if s.nonfinite_streak >= t.max_nonfinite_steps:
+                    diverged = norm
+        self._unread = []
+        if diverged is not None:
+            self._stopped_by_divergence()
+            raise TrainingDivergedError(self._divergence_advice(diverged), self.settings)
 
     def fit(self) -> str:
         """Train to train.max_steps. Returns "completed", or "preempted" after SIGTERM/SIGINT."""
@@ -557,20 +617,21 @@ class Trainer:
             while s.step < t.max_steps:
                 t0 = time.perf_counter()
                 out = self.train_step()
-                self.window.add(out, time.perf_counter() - t0)
+                self.window.seconds += time.perf_counter() - t0
                 self.progress.advance()
-                if s.nonfinite_streak >= t.max_nonfinite_steps:
-                    self._stopped_by_divergence()
-                    raise TrainingDivergedError(self._divergence_advice(out.grad_norm), self.settings)
                 last = s.step == t.max_steps
-                if last or self._every(t.log_interval):
+                checkpoint = last or out.stop or self._every(t.ckpt_interval) or s.step in t.ckpt_steps
+                log, evaluate = last or self._every(t.log_interval), last or self._every(t.eval_interval)
+                if log or evaluate or checkpoint or self._every(self.cfg.downstream.interval):
+                    self.settle()  # a read point
+                if log:
                     self._log_train(self.window, out.lr)
                     self.window = _Window(self.device)
-                if last or self._every(t.eval_interval):
+                if evaluate:
                     self._eval_and_log()
                 if self._every(self.cfg.downstream.interval):
                     self._downstream_and_log()
-                if last or out.stop or self._every(t.ckpt_interval) or s.step in t.ckpt_steps:
+                if checkpoint:
                     self.save(preempted=out.stop)
                     last_saved = s.step
                 if out.stop:
@@ -633,6 +694,7 @@ class Trainer:
 
     def _log_train(self, win: _Window, lr: float) -> None:
         """One training line: loss averaged over the window's steps and the whole global batch."""
+        self.settle()
         s = self.state
         loss_total = all_reduce_sum(win.loss.reshape(1)).item()  # every rank reaches log steps together
         s.elapsed = self._elapsed()
@@ -665,16 +727,15 @@ class Trainer:
 @dataclass
 class StepResult:
     loss_sum: torch.Tensor  # this rank's sum of micro-batch mean losses (on the device)
-    grad_norm: float  # global gradient norm before clipping
-    stepped: bool  # False: non-finite norm, the update was skipped
+    grad_norm: torch.Tensor  # global gradient norm before clipping (on the device; not finite: skipped)
     stop: bool  # a rank got SIGTERM / SIGINT: every rank stops after this step
     lr: float
 
 
 class _Window:
-    """Sums over the steps since the last training log line (the loss stays on the device). Saved in
-    every checkpoint, so that the first line after a resume averages the same steps as an uninterrupted
-    run's line."""
+    """Sums over the steps since the last training log line (the loss stays on the device; the norms of
+    the finite steps and their count are added by Trainer.settle). Saved in every checkpoint, so that
+    the first line after a resume averages the same steps as an uninterrupted run's line."""
 
     def __init__(self, device: torch.device):
         self.loss = torch.zeros((), device=device)
@@ -696,10 +757,8 @@ class _Window:
         self.norm, self.good = float(state["norm"]), int(state["good"])
         self.steps, self.seconds = int(state["steps"]), float(state["seconds"])
 
-    def add(self, out: StepResult, seconds: float) -> None:
+    def add(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """A step's loss, on the device (a skipped step's, not finite, adds nothing); its norm is added at
+        the next read point (Trainer.settle), its time by fit()."""
         self.steps += 1
-        self.seconds += seconds
-        if out.stepped:  # a skipped step's loss and norm are not finite
-            self.loss += out.loss_sum
-            self.norm += out.grad_norm
-            self.good += 1
+        self.loss += torch.where(torch.isfinite(grad_norm), loss_sum.detach(), 0.0)

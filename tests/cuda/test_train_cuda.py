@@ -96,7 +96,7 @@ def test_compiled_bf16_training_step(model, name, tmp_path, record, recwarn):
         loss = float(out.loss_sum) / trainer.accum_steps
         sync()
         seconds.append(time.perf_counter() - t0)
-        assert out.stepped, f"step {len(losses)} skipped: grad norm {out.grad_norm}"
+        assert torch.isfinite(out.grad_norm), f"step {len(losses)} skipped: grad norm {out.grad_norm}"
         losses.append(loss)
     first, last = statistics.fmean(losses[:3]), statistics.fmean(losses[-3:])
     record(

@@ -34,7 +34,7 @@ def variant(model, **changes):
     cfg = dataclasses.replace(model.config, **changes)
     with torch.device("meta"):
         other = GPT(cfg)
-    other.to_empty(device="cpu").tie_weights()
+    other.to_empty(device="cpu").materialised()
     other.load_state_dict(
         {k: v for k, v in model.state_dict().items() if cfg.bias or not k.endswith(".bias")}
     )

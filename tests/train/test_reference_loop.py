@@ -192,9 +192,9 @@ def test_paper_preset_trains_like_the_reference_loop(data_root, tmp_path, float6
     losses, norms, lrs = [], [], []
     for _ in range(MAX_ITERS + 1):
         out = tr.train_step()
-        assert out.stepped
+        assert torch.isfinite(out.grad_norm)  # taken
         losses.append(out.loss_sum.item() / MICRO_STEPS)
-        norms.append(out.grad_norm)
+        norms.append(out.grad_norm.item())
         lrs.append(out.lr)
     assert tr.state.step == tr.cfg.train.max_steps == MAX_ITERS + 1
     # the schedule's end points: lr 0 at the first step, the peak at WARMUP, min_lr at the last

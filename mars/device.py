@@ -67,16 +67,18 @@ def check(key: str, value: str) -> None:
 
 
 def _check_rank_gpu(key: str) -> None:
-    """Under torchrun on a GPU machine: a GPU for this rank (LOCAL_RANK below the number of GPUs)."""
+    """Under torchrun on a GPU machine: a GPU for every process of this node (checked alike on each, from
+    LOCAL_WORLD_SIZE, so that rank 0 reports it; LOCAL_RANK where the launcher does not set it)."""
     import torch
 
     if not (_launched() and torch.cuda.is_available()):
         return
-    local, n = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
-    if local >= n:
+    n = torch.cuda.device_count()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", int(os.environ.get("LOCAL_RANK", "0")) + 1))
+    if per_node > n:
         raise ValueError(
-            f"{key}: LOCAL_RANK={local}, but this machine has {machine()}; start at most {n} process(es) "
-            f"per node (torchrun --nproc_per_node={n}), or {key}=cpu"
+            f"{key}: {per_node} processes on this node (LOCAL_WORLD_SIZE), but this machine has {machine()}; "
+            f"start at most {n} per node (torchrun --nproc_per_node={n}), or set {key}=cpu"
         )
 
 

@@ -24,7 +24,7 @@ from mars.checks import above, choice, reported_as
 from mars.eval import results as results_io
 from mars.eval.config import WANDB_MODES, register_configs
 from mars.eval.errors import EvalError
-from mars.eval.harness import CheckpointEval, evaluate_checkpoint, prepare_tasks, request_of
+from mars.eval.harness import CheckpointEval, evaluate_checkpoint, precision_name, prepare_tasks, request_of
 from mars.eval.tables import console_table, markdown_table
 from mars.eval.tasks import resolve_tasks
 
@@ -44,6 +44,7 @@ def _check(cfg) -> None:
         if cfg.limit is not None:
             above("limit", cfg.limit, 0, " (documents per task, or a fraction of them when < 1)")
         devices.check("device", str(cfg.device))  # train.py's check: a device this machine has
+        choice("dtype", cfg.dtype, ("auto", "float32", "bfloat16"), " (auto: bfloat16 on CUDA, else float32)")
 
 
 def run(cfg) -> list[CheckpointEval]:
@@ -59,7 +60,8 @@ def run(cfg) -> list[CheckpointEval]:
     entries = ([cfg.ckpt] if cfg.ckpt else []) + [str(c) for c in cfg.compare]
     if not entries:
         raise EvalError("nothing to evaluate: pass ckpt=RUN_DIR_OR_CKPT (or compare=[RUN_A,RUN_B])")
-    request = request_of(spec, cfg.limit, cfg.num_fewshot, cfg.batch_size)
+    device = devices.resolve(str(cfg.device))
+    request = request_of(spec, cfg.limit, cfg.num_fewshot, cfg.batch_size, precision_name(cfg.dtype, device))
     single = len(entries) == 1
     # Plan first, so that a missing checkpoint, an unknown task or missing data fails before any
     # model is loaded. Each entry is (saved result | None, checkpoint dir, output dir).
@@ -74,7 +76,6 @@ def run(cfg) -> list[CheckpointEval]:
         plans.append((saved, ckpt, out_dir))
     if any(saved is None for saved, _, _ in plans):
         prepare_tasks(spec, cfg.num_fewshot)
-    device = devices.resolve(str(cfg.device))
     evals: list[CheckpointEval] = []
     for saved, ckpt, out_dir in plans:
         if saved is not None:
@@ -90,6 +91,7 @@ def run(cfg) -> list[CheckpointEval]:
             device=device,
             num_fewshot=cfg.num_fewshot,
             name=cfg.name if single and cfg.ckpt else None,
+            dtype=cfg.dtype,
         )
         print(f"wrote {results_io.save(result, out_dir)}")
         evals.append(result)

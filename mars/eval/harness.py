@@ -37,6 +37,7 @@ def evaluate_model(
     device: str | torch.device = "cpu",
     num_fewshot: int = 0,
     tokenizer: str = "gpt2",
+    dtype: str = "auto",
 ) -> Scores:
     """Score ``model`` on ``tasks``; returns ``{task: {metric: value}}`` (e.g. ``{"arc_easy": {"acc": .5,
     "acc_norm": .47}}``; stderr entries are left out, groups such as mmlu carry their aggregate).
@@ -44,7 +45,8 @@ def evaluate_model(
     ``model`` is a mars model of any registered architecture (also inside DDP or torch.compile) or a
     transformers causal LM; ``tokenizer`` is the data.tokenizer it was trained with. ``tasks`` as in
     :func:`mars.eval.tasks.resolve_tasks`; ``limit`` caps the documents per task (a fraction when
-    < 1). The model's train/eval mode, its gradients and the global RNG
+    < 1). ``dtype`` as train.dtype: auto computes under bfloat16 autocast on CUDA, in float32 on the
+    CPU (mars.device.Precision). The model's train/eval mode, its gradients and the global RNG
     states (python, numpy, torch) are the same afterwards; call it on one rank only.
     """
     scores, _ = run_lm_eval(
@@ -55,6 +57,7 @@ def evaluate_model(
         device=device,
         num_fewshot=num_fewshot,
         tokenizer=tokenizer,
+        dtype=dtype,
     )
     return scores
 
@@ -69,15 +72,19 @@ def run_lm_eval(
     num_fewshot: int = 0,
     include: Sequence[str] = (),
     tokenizer: str = "gpt2",
+    dtype: str = "auto",
 ) -> tuple[Scores, dict]:
     """:func:`evaluate_model` that also returns lm-eval's full (JSON-ready) results dict."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
+    from mars.device import Precision
+
     module = unwrap(model)
     was_training = module.training
+    precision = Precision.of(dtype, torch.device(device).type)
     try:
-        with _quiet_lm_eval(), _preserved_rng(), torch.no_grad():
+        with _quiet_lm_eval(), _preserved_rng(), torch.no_grad(), precision.autocast():
             loaded = prepare_tasks(tasks, num_fewshot, include)
             tok = hf_tokenizer(tokenizer)
             hf_model = as_hf_model(module, tok).to(device)
@@ -257,6 +264,7 @@ def evaluate_checkpoint(
     num_fewshot: int = 0,
     include: Sequence[str] = (),
     name: str | None = None,
+    dtype: str = "auto",
 ) -> CheckpointEval:
     """Load a checkpoint (run dir, RUN_DIR/ckpt or a step dir) and score it; see evaluate_model.
 
@@ -279,6 +287,7 @@ def evaluate_checkpoint(
         device=device,
         num_fewshot=num_fewshot,
         tokenizer=tokenizer_of_run(info.get("config")),
+        dtype=dtype,
     )
     return CheckpointEval(
         name=name or checkpoint_label(ckpt, info.get("step")),
@@ -286,15 +295,29 @@ def evaluate_checkpoint(
         step=info.get("step"),
         tokens=info.get("tokens"),
         config=info.get("config"),
-        request=request_of(spec, limit, num_fewshot, batch_size),
+        request=request_of(spec, limit, num_fewshot, batch_size, precision_name(dtype, device)),
         scores=scores,
         lm_eval=raw,
     )
 
 
-def request_of(spec: TaskSpec, limit, num_fewshot: int, batch_size: int) -> dict:
-    """What decides the scores (batch size only changes speed, but is recorded for the record)."""
-    return {"tasks": list(spec.names), "limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size}
+def request_of(spec: TaskSpec, limit, num_fewshot: int, batch_size: int, dtype: str = "float32") -> dict:
+    """What decides the scores: tasks, limit, shots and the precision computed in (bfloat16 or float32);
+    the batch size only changes speed, but is recorded for the record."""
+    return {
+        "tasks": list(spec.names),
+        "limit": limit,
+        "num_fewshot": num_fewshot,
+        "batch_size": batch_size,
+        "dtype": dtype,
+    }
+
+
+def precision_name(dtype: str, device: str | torch.device) -> str:
+    """What a dtype setting computes in on `device`: "bfloat16" or "float32"."""
+    from mars.device import Precision
+
+    return Precision.of(dtype, torch.device(device).type).name
 
 
 def run_dir_of(ckpt: Path) -> Path | None:

@@ -64,7 +64,8 @@ def load(path: str | Path) -> CheckpointEval:
 
 
 def reusable(out_dir: str | Path, ckpt: str | Path, request: dict) -> CheckpointEval | None:
-    """The result saved in ``out_dir`` when it is for the same checkpoint dir, tasks, limit, shots."""
+    """The result saved in ``out_dir`` when it is for the same checkpoint dir, tasks, limit, shots and
+    precision."""
     if not is_results(out_dir):
         return None
     try:
@@ -73,6 +74,8 @@ def reusable(out_dir: str | Path, ckpt: str | Path, request: dict) -> Checkpoint
         return None
     keys = ("tasks", "limit", "num_fewshot")
     same_request = all(saved.request.get(k) == request.get(k) for k in keys)
+    # results written before the precision was recorded were computed in float32
+    same_request &= saved.request.get("dtype", "float32") == request.get("dtype", "float32")
     return saved if same_request and Path(saved.path).resolve() == Path(ckpt).resolve() else None
 
 

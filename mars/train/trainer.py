@@ -428,6 +428,7 @@ class Trainer:
                 device=str(self.device),
                 num_fewshot=d.num_fewshot,
                 tokenizer=self.cfg.data.tokenizer,
+                dtype=self.cfg.train.dtype,
             )
             model.train()
             del model

@@ -35,7 +35,8 @@ def test_checkpoint_end_to_end_writes_results_and_table(run_dir, capsys, monkeyp
     assert (mars["step"], mars["tokens"], mars["name"]) == (10, 5120, "tiny_run@10")
     assert mars["path"] == str(run_dir / "ckpt" / "step_00000010")
     assert mars["config"]["train"] == {"max_steps": 10}  # the run's config.yaml
-    assert mars["request"] == {"tasks": ["mars_quiz"], "limit": 8, "num_fewshot": 0, "batch_size": 8}
+    want = {"tasks": ["mars_quiz"], "limit": 8, "num_fewshot": 0, "batch_size": 8, "dtype": "float32"}
+    assert mars["request"] == want  # dtype auto computes in float32 on the CPU
     # lm-eval's own results file, untouched
     acc = data["results"]["mars_quiz"]["acc,none"]
     assert acc == mars["scores"]["mars_quiz"]["acc"] == result.scores["mars_quiz"]["acc"]
@@ -108,9 +109,9 @@ def test_nothing_to_evaluate_and_bad_values(run_dir):
 def test_a_device_this_machine_lacks_is_refused_before_anything_is_read(tmp_path):
     """train.py's check (mars.train.config.check_device) under eval's key: one line, before the checkpoint
     (here none) is looked for."""
-    with pytest.raises(EvalError, match=r"^device=cuda:99: (this torch build has no CUDA|only \d+ CUDA)"):
+    with pytest.raises(EvalError, match=r"^device=cuda:99: this machine has cpu only .*; use device=cpu"):
         run(config(f"ckpt={tmp_path}", "tasks=smoke", "device=cuda:99"))
-    with pytest.raises(EvalError, match=r"^device='gpu' is not one of auto, cpu, cuda, cuda:N$"):
+    with pytest.raises(EvalError, match=r"^device='gpu' is not a device .* this machine has cpu only .*device=auto$"):
         run(config(f"ckpt={tmp_path}", "tasks=smoke", "device=gpu"))
 
 

@@ -1,9 +1,9 @@
 """A CUDA machine on the CPU, for the harness's CUDA branches: torch.cuda's entry points replaced by
 stand-ins that apply torch's own argument rules and record each call, and CUDA memory served by the CPU.
 
-    python tests/gpu_standin/standin_cuda.py [--devices N] [--log FILE] train.py ARGS...
-    python tests/gpu_standin/standin_cuda.py --devices 1 -m eval ckpt=RUN device=cuda
-    torchrun --nproc_per_node=2 tests/gpu_standin/standin_cuda.py --devices 2 train.py ARGS...
+    python tests/gpu_standin/standin_cuda.py train.py ARGS...
+    python tests/gpu_standin/standin_cuda.py -m eval ckpt=RUN device=cuda
+    MARS_STANDIN_DEVICES=2 torchrun --nproc_per_node=2 tests/gpu_standin/standin_cuda.py train.py ARGS...
 
 `install(devices)` makes `torch.cuda.is_available()` true with `devices` GPUs ("NVIDIA H200
 (stand-in)"), then runs the command's real entry point (runpy), so that everything the harness decides
@@ -58,6 +58,7 @@ class Machine:
         self.calls: list[dict] = []
         self.cuda_tensors = WeakIdKeyDictionary()
         self.pending_events: list[Event] = []
+        self.autocasts: set[tuple] = set()
 
     def record(self, call: str, **details: Any) -> None:
         self.calls.append({"call": call, **{k: _plain(v) for k, v in details.items()}})
@@ -126,21 +127,29 @@ def machine() -> Machine:
 # ----------------------------------------------------------------------------- CUDA memory on the CPU
 
 
-_TO = {torch.Tensor.to, torch.Tensor.cuda}
-
-
 class CudaOnCpu(TorchFunctionMode):
-    """Tensors asked for on cuda:N are made on the CPU (after the ordinal check) and remembered; pinning
-    one of them fails as it does on a GPU machine."""
+    """Tensors asked for on cuda:N are made on the CPU (after the ordinal check) and remembered; copies
+    back to the host are new tensors; pinning a CUDA tensor fails as it does on a GPU machine."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         m = machine()
-        kwargs = dict(kwargs or {})
-        cuda = False
+        args, kwargs = list(args), dict(kwargs or {})
+        device = None  # the device argument, when the call has one
         if "device" in kwargs:
-            kwargs["device"], cuda = m.host(kwargs["device"])
-        if func in _TO:
-            args, kwargs, cuda = self._moved(func, args, kwargs, m)
+            device, kwargs["device"] = kwargs["device"], m.host(kwargs["device"])[0]
+        if func is torch.Tensor.cuda:
+            device = args.pop(1) if len(args) > 1 else kwargs.pop("device", None)
+            kwargs.pop("non_blocking", None)
+            device = torch.device("cuda", m.index(m.current_device() if device is None else device, True))
+            args.append("cpu")
+        elif func is torch.Tensor.cpu:
+            device = "cpu"
+        elif func is torch.Tensor.to and len(args) > 1:
+            index = isinstance(args[1], int) and not isinstance(args[1], bool)
+            if isinstance(args[1], (str, torch.device)) or index:
+                device, args[1] = args[1], m.host(args[1])[0]
+            elif isinstance(args[1], torch.Tensor):  # .to(other): other's device
+                device = "cuda" if m.is_cuda(args[1]) else "cpu"
         elif func is torch.Tensor.pin_memory:
             if m.is_cuda(args[0]):
                 raise RuntimeError(
@@ -151,24 +160,13 @@ class CudaOnCpu(TorchFunctionMode):
         elif func is torch.Tensor.is_pinned:
             return not m.is_cuda(args[0])
         out = func(*args, **kwargs)
-        return m.mark(out) if cuda else out
-
-    @staticmethod
-    def _moved(func, args, kwargs, m: Machine):
-        """Tensor.to(...) / Tensor.cuda(...): the device argument, wherever it is given, read and hosted."""
-        args = list(args)
-        if func is torch.Tensor.cuda:
-            device = args[1] if len(args) > 1 else kwargs.pop("device", None)
-            index = m.index(device if device is not None else m.current_device(), optional=True)
-            kwargs.pop("non_blocking", None)
-            return [args[0], "cpu"], kwargs, index >= 0
-        cuda = False
-        if len(args) > 1 and isinstance(args[1], (str, torch.device, int)) and not isinstance(args[1], bool):
-            args[1], cuda = m.host(args[1])
-        elif len(args) > 1 and isinstance(args[1], torch.Tensor) and m.is_cuda(args[1]):
-            cuda = True  # .to(other): other's device
-        cuda = cuda or ("device" not in kwargs and m.is_cuda(args[0]) and func is torch.Tensor.to)
-        return args, kwargs, cuda
+        if device is None:  # .to(dtype) and everything else: CUDA where the input was (for .to)
+            return m.mark(out) if func is torch.Tensor.to and m.is_cuda(args[0]) else out
+        if m.host(device)[1]:
+            return m.mark(out)
+        if func in (torch.Tensor.to, torch.Tensor.cpu) and m.is_cuda(args[0]) and out is args[0]:
+            return out.clone()  # a copy in host memory, as from a GPU
+        return out
 
 
 # ----------------------------------------------------------------------------- torch.cuda
@@ -313,16 +311,31 @@ def set_rng_state_all(new_states) -> None:
         set_rng_state(state, i)
 
 
+class _DeviceContext:
+    """torch.cuda.device(d): a context manager class (torch checks isinstance against it)."""
+
+    def __init__(self, device):
+        m = machine()
+        self.idx = (
+            -1 if device is None or (isinstance(device, int) and device < 0) else m.index(device, False)
+        )
+        self.prev = None
+
+    def __enter__(self):
+        m = machine()
+        self.prev, m.current = m.current, (m.current if self.idx < 0 else self.idx)
+
+    def __exit__(self, *exc):
+        machine().current = self.prev
+        return False
+
+
 @contextlib.contextmanager
-def _device(device):
-    m = machine()
-    previous = m.current
-    if device is not None and (not isinstance(device, int) or device >= 0):
-        m.current = m.index(device, optional=False)
-    try:
-        yield
-    finally:
-        m.current = previous
+def _stream(stream):
+    """torch.cuda.stream(s): work queued inside goes to `s`; here everything runs in order anyway."""
+    if stream is not None and not isinstance(stream, Stream):
+        raise TypeError(f"expected a torch.cuda.Stream, got {type(stream).__name__}")
+    yield
 
 
 TORCH_CUDA = {
@@ -353,7 +366,8 @@ TORCH_CUDA = {
     "Event": Event,
     "Stream": Stream,
     "current_stream": lambda device=None: Stream(device),
-    "device": _device,
+    "device": _DeviceContext,
+    "stream": _stream,
 }
 
 
@@ -447,6 +461,18 @@ def _one_gpu_per_rank(m: Machine) -> None:
 # ----------------------------------------------------------------------------- install
 
 
+class _Autocast(torch.autocast):
+    """torch.autocast, recording each kind of CUDA autocast entered (device type and dtype) once."""
+
+    def __enter__(self):
+        m = machine()
+        key = (self.device, str(self.fast_dtype))
+        if self.device == "cuda" and key not in m.autocasts:
+            m.autocasts.add(key)
+            m.record("autocast", device_type=self.device, dtype=str(self.fast_dtype))
+        return super().__enter__()
+
+
 class _Generator(torch._C.Generator):
     def __new__(cls, device: Any = "cpu"):
         host, _ = machine().host(device)
@@ -466,21 +492,28 @@ def install(devices: int = 1, log: str | None = None) -> Machine:
 
     triton.has_triton = lambda: False  # no Triton for a GPU here: the harness's fallbacks run
     torch.Generator = _Generator
+    torch.autocast = _Autocast
     _process_groups()
     CudaOnCpu().__enter__()  # for the life of the process
     if log:
         rank = os.environ.get("RANK")
         path = Path(log if rank is None or os.environ.get("WORLD_SIZE", "1") == "1" else f"{log}.{rank}")
-        atexit.register(lambda: path.write_text(json.dumps(MACHINE.calls, indent=1)))
+        atexit.register(lambda: _write(path))
     return MACHINE
 
 
+def _write(path: Path) -> None:
+    """The record, ending with the process's last CUDA settings."""
+    m = machine()
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    m.record("exit", matmul_tf32=tf32[0], cudnn_tf32=tf32[1], current_device=m.current)
+    path.write_text(json.dumps(m.calls, indent=1))
+
+
 def main(argv: list[str]) -> None:
-    devices, log = 1, os.environ.get("MARS_STANDIN_LOG")
-    while argv and argv[0] in ("--devices", "--log"):
-        flag, value, argv = argv[0], argv[1], argv[2:]
-        devices, log = (int(value), log) if flag == "--devices" else (devices, value)
-    install(devices, log)
+    """Install the stand-ins ($MARS_STANDIN_DEVICES GPUs, default 1; the record to $MARS_STANDIN_LOG), then
+    run the entry point `argv` (a script and its arguments, or -m MODULE ...)."""
+    install(int(os.environ.get("MARS_STANDIN_DEVICES", "1")), os.environ.get("MARS_STANDIN_LOG"))
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         sys.path.insert(0, os.getcwd())

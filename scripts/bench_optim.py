@@ -161,12 +161,14 @@ def main(argv=None) -> int:
     )
 
     rows = {"adamw_fused": time_row("adamw_fused", model, n_params, args.steps, args.warmup, device)}
+    ratios(rows, "adamw_fused", args.json)
     adamw = build("adamw_fused", model)  # stepped alongside every other row: its ratio is paired
     for _ in range(args.warmup):
         adamw.step()
     for name in names:
         if name != "adamw_fused":
             rows[name] = time_row(name, model, n_params, args.steps, args.warmup, device, paired=adamw)
+            ratios(rows, name, args.json)  # the rows so far, written at once (a killed run keeps them)
     del adamw
     header = (
         f"{'optimizer':<24} {'ms/step':>10} {'x AdamW':>8} {'x base':>7} {'baseline':<18} "
@@ -175,22 +177,30 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
     for name, row in rows.items():
-        base = BASELINES.get(name, "adamw_fused")
-        adamw_ms = row.get("paired_ms_per_step", rows["adamw_fused"]["ms_per_step"])
-        row["baseline"] = base
-        row["ratio_to_adamw"] = row["ms_per_step"] / adamw_ms
-        row["ratio_to_baseline"] = (
-            row["ms_per_step"] / rows[base]["ms_per_step"] if base != "adamw_fused" else row["ratio_to_adamw"]
-        )
+        base = row["baseline"]
         print(
             f"{name:<24} {row['ms_per_step']:>10.1f} {row['ratio_to_adamw']:>8.2f} "
             f"{row['ratio_to_baseline']:>7.2f} {base:<18} {row['first_step_ms']:>11.0f} "
             f"{row['state_bytes_per_param']:>8.2f}"
         )
     if args.json:
-        args.json.write_text(json.dumps(list(rows.values()), indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def ratios(rows: dict, name: str, json_path: Path | None) -> None:
+    """Row `name`'s ratios to fused AdamW (paired) and to its own baseline; then every row so far into
+    `json_path`."""
+    row, base = rows[name], BASELINES.get(name, "adamw_fused")
+    row["baseline"] = base
+    row["ratio_to_adamw"] = row["ms_per_step"] / row.get(
+        "paired_ms_per_step", rows["adamw_fused"]["ms_per_step"]
+    )
+    row["ratio_to_baseline"] = (
+        row["ms_per_step"] / rows[base]["ms_per_step"] if base != "adamw_fused" else row["ratio_to_adamw"]
+    )
+    if json_path:
+        json_path.write_text(json.dumps(list(rows.values()), indent=2) + "\n")
 
 
 # ----------------------------------------------------------------------------- --world-size W

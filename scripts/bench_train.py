@@ -160,24 +160,31 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = []
         with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
-            for name in names:
+            for name in names:  # the baseline first
                 rows.append(
                     bench_one(name, overrides, args.steps, args.warmup, Path(tmp), peak=args.peak_flops)
                 )
                 print(f"  {name}: {rows[-1]['ms_per_step']:.1f} ms/step", file=sys.stderr, flush=True)
-    for r in rows:
-        base = next(b for b in rows if b["name"] == BASELINE and b["parallel"] == r["parallel"])
-        r["baseline"] = BASELINE
-        r["ratio_to_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
-        r["step_time_ratio_to_baseline"] = r["ms_per_step"] / base["ms_per_step"]
+                with_ratios(rows, args.json)  # the rows so far, written at once (a killed run keeps them)
+    with_ratios(rows, args.json)
     if len(rows) > len(names) or rows[0]["parallel"] != "ddp":  # the layout in each row
         print_layouts(rows, args)
     else:
         print_rows(rows, args)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def with_ratios(rows: list[dict], json_path: Path | None) -> None:
+    """Each row's ratios to the baseline of its layout; then the rows into `json_path`."""
+    for r in rows:
+        base = next(b for b in rows if b["name"] == BASELINE and b["parallel"] == r["parallel"])
+        r["baseline"] = BASELINE
+        r["ratio_to_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
+        r["step_time_ratio_to_baseline"] = r["ms_per_step"] / base["ms_per_step"]
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
 
 
 def print_rows(rows: list[dict], args) -> None:

@@ -66,6 +66,7 @@ TRAINER_KEYS = (
     "tokens_per_s",
     "gamma",  # a built-in metric: with a gamma schedule (MARS)
     "mfu",  # on a GPU, or with $MARS_PEAK_FLOPS
+    "max_memory_gb",  # on a GPU: the peak of memory allocated by tensors so far (the allocator's count)
     "val/loss",  # evaluation lines (with "time")
 )
 # key families: in-loop downstream scores downstream/TASK/METRIC (the trainer's evaluation lines), the

@@ -720,6 +720,8 @@ class Trainer:
         utilisation = mfu(tokens_per_s, fpt, self.device, num_devices=self.dist.world_size)
         if utilisation is not None or self.device.type == "cuda":  # CPU: only with $MARS_PEAK_FLOPS
             record["mfu"] = utilisation
+        if self.device.type == "cuda":  # the allocator's own count: no device synchronisation
+            record["max_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
         self._log(record)
         self.progress.show(record)
         self._check_health(self.health.on_loss(s.step, record["train/loss"]), s.step)

@@ -1,7 +1,7 @@
-"""scripts/gpu_check.py without a GPU (not marked cuda: this runs everywhere): the one line without
-CUDA, the dry run's report end to end, and a step past its timeout (pytest interrupted: the tests it
-finished, their properties and failures are kept, the rest counted as not run, its process group
-killed)."""
+"""scripts/gpu_check.py without a GPU (not marked cuda: this runs everywhere): without CUDA one line,
+exit 1 and a report of steps not run; the dry run's report end to end, every step of the plan; a step
+past its timeout (pytest interrupted: the tests it finished, their properties and failures are kept,
+the rest counted as not run, its process group killed); the plan's caps fit its budget."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.py"
 spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
 gc = importlib.util.module_from_spec(spec)
+sys.modules["gpu_check"] = gc  # (dataclasses look their module up)
 spec.loader.exec_module(gc)
 
 
@@ -30,7 +31,14 @@ def script_env(**extra) -> dict:
     return env | {"PYTHONPATH": str(REPO)} | extra
 
 
-def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
+def test_the_plan_fits_one_gpu_call_riskiest_first():
+    caps = [step.cap for step in gc.STEPS.values()]
+    assert sum(caps) == gc.BUDGET_S <= 600 - gc.GRACE_S  # one 10-minute call of a lent machine
+    assert list(gc.STEPS)[:3] == ["train-readme", "train-fsdp", "memory-1.5b"]
+    assert all(step.cuda for step in gc.STEPS.values())
+
+
+def test_without_cuda_it_says_so_in_one_line_and_fails(tmp_path):
     out = tmp_path / "report"
     r = subprocess.run(
         [sys.executable, str(SCRIPT), str(out)],
@@ -39,9 +47,13 @@ def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
         text=True,
         timeout=120,
     )
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr  # a CPU build of torch must not pass for a GPU check
     assert r.stdout.startswith("gpu_check: no CUDA device visible (torch ") and r.stdout.count("\n") == 1
-    assert not out.exists()
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["ok"] is False and report["exit_status"] == 1 and report["finished"] is True
+    assert [s["status"] for s in report["steps"]] == ["not run"] * len(gc.STEPS)
+    assert all(s["summary"] == "not run: no CUDA device visible" for s in report["steps"])
+    assert "| train-readme | not run |" in (out / "gpu_check.md").read_text()
 
 
 def test_dry_run_writes_the_json_and_markdown_report(tmp_path):
@@ -64,17 +76,25 @@ def test_dry_run_writes_the_json_and_markdown_report(tmp_path):
     assert env["torch"] and env["cuda_available"] is False and env["gpus"] == []
 
     steps = {s["name"]: s for s in report["steps"]}
-    assert list(steps) == list(gc.STEPS)
+    assert list(steps) == list(gc.STEPS)  # the dry run covers every step
     assert {n: s["status"] for n, s in steps.items()} == {
+        "train-readme": "passed",
+        "train-fsdp": "passed",
+        "memory-1.5b": "passed",
         "cuda-optim": "skipped",
-        "cuda-train": "skipped",
         "bench-optim": "passed",
         "bench-train": "passed",
+        "cuda-train": "skipped",
         "cuda-parallel": "skipped",
     }, {n: (s["summary"], s.get("output_tail")) for n, s in steps.items()}
     for s in steps.values():
         assert s["returncode"] == 0 and 0 < s["seconds"] <= s["timeout_s"] and (out / s["log"]).is_file()
-        assert s["command"].startswith(sys.executable)
+        assert s["command"].startswith(sys.executable) and s["what"] == gc.STEPS[s["name"]].what
+    assert (
+        steps["train-readme"]["summary"].endswith("; resumed") and " && " in steps["train-readme"]["command"]
+    )
+    (readme,) = report["benchmarks"]["train-readme"]
+    assert readme["step"] == 3 and readme["val/loss"] > 0 and readme["tokens_per_s"] > 0
     by_step = {name: [t for t in report["tests"] if t["step"] == name] for name in steps}
     for name in ("cuda-optim", "cuda-train", "cuda-parallel"):
         assert steps[name]["tests"] == {"skipped": len(by_step[name])} and by_step[name]
@@ -83,6 +103,8 @@ def test_dry_run_writes_the_json_and_markdown_report(tmp_path):
     assert len(by_step["cuda-optim"]) > 40  # every optimizer case
     assert [r["name"] for r in report["benchmarks"]["bench-optim"]] == ["adamw_fused", "mars_adamw_foreach"]
     assert [r["name"] for r in report["benchmarks"]["bench-train"]] == ["adamw", "mars_adamw_approx"]
+    names = [r["name"] for r in report["benchmarks"]["memory-1.5b"]]
+    assert names == ["adamw", "mars_adamw_approx", "mars_adamw_exact"]
     for row in report["benchmarks"]["bench-optim"] + report["benchmarks"]["bench-train"]:
         assert row["ms_per_step"] > 0 and row["ratio_to_baseline"] > 0
 
@@ -91,11 +113,11 @@ def test_dry_run_writes_the_json_and_markdown_report(tmp_path):
     for line in (
         "## Environment",
         "## Steps",
-        "## bench-optim: scripts/bench_optim.py",
+        "## bench-optim: `scripts/bench_optim.py`",
         "| mars_adamw_approx |",
     ):
         assert line in md, line
-    assert "| cuda-optim | skipped |" in md and "| bench-train | passed |" in md
+    assert "| cuda-optim | skipped |" in md and "| bench-train | passed |" in md and "## memory-1.5b:" in md
     for name in steps:  # every step's time is printed
         assert any(line.split()[:2] == [name, steps[name]["status"]] for line in r.stdout.splitlines()), name
 

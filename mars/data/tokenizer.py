@@ -187,10 +187,47 @@ def tokenizer_info(name: str = GPT2) -> TokenizerInfo:
     """Name, vocabulary size, end-of-text id and vocabulary fingerprint of data.tokenizer=name."""
     if name == GPT2:
         return TokenizerInfo(GPT2, VOCAB_SIZE, EOT_ID, ENCODER_JSON_SHA256)
+    quick = _files_info(name)  # every config check asks this: without importing transformers (~1.5 s)
+    if quick is not None:
+        return quick
     tok = _cached_hf(name)
-    vocab = tok.get_vocab()
+    return _info(name, tok.get_vocab(), len(tok), tok.eos_token_id)
+
+
+def _info(name: str, vocab: dict[str, int], size: int, eos_id: int) -> TokenizerInfo:
     digest = hashlib.sha256(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1])).encode()).hexdigest()
-    return TokenizerInfo(name, max(len(tok), max(vocab.values()) + 1), int(tok.eos_token_id), digest)
+    return TokenizerInfo(name, max(size, max(vocab.values()) + 1), int(eos_id), digest)
+
+
+def _files_info(name: str) -> TokenizerInfo | None:
+    """tokenizer_info of a directory holding tokenizer.json and tokenizer_config.json, read with the
+    `tokenizers` library alone: the same vocabulary (added tokens included), size and eos id as
+    transformers' fast tokenizer gives. None when the directory is not such a one, or when its config
+    names special tokens the vocabulary lacks (transformers would add them): transformers decides."""
+    from mars.data.bpe import builtin_dir
+
+    path = builtin_dir(name) or Path(name).expanduser()
+    files = path / "tokenizer.json", path / "tokenizer_config.json"
+    if not all(f.is_file() for f in files):
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        config = json.loads(files[1].read_text(encoding="utf-8"))
+        tok = Tokenizer.from_file(str(files[0]))
+    except (OSError, ValueError, Exception):  # noqa: BLE001 - transformers' path reports it in one line
+        return None
+    vocab = tok.get_vocab(with_added_tokens=True)
+
+    def content(token):
+        return token.get("content") if isinstance(token, dict) else token
+
+    named = [content(config.get(k)) for k in ("eos_token", "bos_token", "unk_token", "pad_token")]
+    named += [content(t) for t in config.get("additional_special_tokens") or []]
+    eos = content(config.get("eos_token"))
+    if eos is None or any(t is not None and t not in vocab for t in named):
+        return None
+    return _info(name, vocab, tok.get_vocab_size(with_added_tokens=True), vocab[eos])
 
 
 def encode_batch(texts: list[str], name: str = GPT2) -> list[list[int]]:

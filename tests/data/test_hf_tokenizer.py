@@ -159,3 +159,19 @@ def test_composition_refuses_a_model_vocabulary_smaller_than_the_tokenizers(bpe,
         validate(compose_config(["model.vocab_size=50000"]))
     with pytest.raises(ConfigError, match=r"data\.tokenizer=.*missing: no such directory"):
         validate(compose_config([f"data.tokenizer={tmp_path / 'missing'}"]))
+
+
+def test_tokenizer_info_reads_the_files_as_transformers_does(tmp_path):
+    """tokenizer_info of a tokenizer.json directory comes from the `tokenizers` library alone (no
+    transformers import at every config check), equal to transformers' answer; a config naming a special
+    token the vocabulary lacks is left to transformers (which adds it)."""
+    from transformers import AutoTokenizer
+
+    bpe = train_bpe(tmp_path / "bpe", make_docs(200), vocab_size=300)
+    quick = tk._files_info(str(bpe))
+    slow = AutoTokenizer.from_pretrained(str(bpe))
+    assert quick == tk._info(str(bpe), slow.get_vocab(), len(slow), slow.eos_token_id)
+    config = json.loads((bpe / "tokenizer_config.json").read_text())
+    (bpe / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": "<|pad|>"}))
+    assert tk._files_info(str(bpe)) is None  # transformers would add <|pad|> to the vocabulary
+    assert tk._files_info(str(tmp_path / "missing")) is None

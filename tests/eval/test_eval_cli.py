@@ -111,7 +111,7 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_is_read(tmp_path
     (here none) is looked for."""
     with pytest.raises(EvalError, match=r"^device=cuda:99: this machine has cpu only .*; use device=cpu"):
         run(config(f"ckpt={tmp_path}", "tasks=smoke", "device=cuda:99"))
-    with pytest.raises(EvalError, match=r"^device='gpu' is not a device .* this machine has cpu only .*device=auto$"):
+    with pytest.raises(EvalError, match=r"^device='gpu' is not a device .* machine has cpu only .*=auto$"):
         run(config(f"ckpt={tmp_path}", "tasks=smoke", "device=gpu"))
 
 

@@ -28,8 +28,9 @@ high-lr MARS run there had five spikes of 10-150x within 20 steps and trained on
 0.1-0.15 nats from its other seeds', yet no run had more than two spike steps in a row, nor a logged
 loss more than 0.5 nats above its best (docs/reliability.md#divergence-alarms has the figures).
 
-Everything here works on host floats the loop already has (the grad norm is read every step, the
-loss at log steps): no extra device synchronisation.
+Everything here works on host floats the loop reads at its read points anyway (the trainer's settle():
+the gradient norms of the steps since the last one, in one transfer, fed here in step order; the loss
+at log steps): no extra device synchronisation, and the same verdicts as per-step reads.
 """
 
 from __future__ import annotations

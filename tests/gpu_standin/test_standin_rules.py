@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import STANDIN, env
+from standin_helpers import STANDIN, env
 
 CHECKS = r"""
 import json, sys

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO, TINY, calls, run_standin
+from standin_helpers import REPO, TINY, calls, run_standin
 
 pytestmark = pytest.mark.slow
 

@@ -51,7 +51,8 @@ def test_python_train_py_on_one_gpu_trains_checkpoints_and_resumes(gpu_run, data
     assert "device cuda:0" in text and "training without torch.compile" in text  # no Triton here
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "val/loss" in r] == [0, 2]
-    assert "mfu" in next(r for r in lines if "train/loss" in r)  # a GPU's peak FLOP/s is known
+    train = next(r for r in lines if "train/loss" in r)
+    assert "mfu" in train and "max_memory_gb" in train  # a GPU's peak FLOP/s is known, its memory counted
     assert (run_dir / "ckpt" / "step_00000002").is_dir()
 
     # the same run continued with train.device=cuda and train.dtype=float32 (the checkpoint's CUDA RNG

@@ -300,8 +300,9 @@ def test_in_loop_downstream_eval_is_logged_every_interval(data_root, tmp_path, m
     calls = []
 
     def fake_evaluate_model(
-        model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0, tokenizer="gpt2"
+        model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0, tokenizer="gpt2", dtype="auto"
     ):
+        assert dtype == "auto"  # train.dtype: the precision the scores are computed in
         calls.append((model.training, list(tasks), limit, batch_size, device, num_fewshot))
         return {"hellaswag": {"acc": 0.25, "acc_norm": 0.5, "alias": "hellaswag"}}
 
@@ -328,7 +329,7 @@ def _fsdp_downstream_rank(rank: int, world: int, data_root: str, run_dir: str) -
     seen = []
 
     def fake_evaluate_model(
-        model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0, tokenizer="gpt2"
+        model, tasks, limit=None, batch_size=8, device="cpu", num_fewshot=0, tokenizer="gpt2", dtype="auto"
     ):
         with torch.no_grad():
             model(torch.zeros(1, 4, dtype=torch.long))  # runs on rank 0 alone (a sharded model would hang)

@@ -39,7 +39,7 @@ import yaml
 from mars.study import budgets as ladder
 from mars.study.configs import ArmConfig, check_arm, check_sizes, prepare_data, study_dir_ok, valid
 from mars.study.errors import StudyError
-from mars.study.extend import Round, edges_of, widen
+from mars.study.extend import Round, edges_of, points_of, widen
 from mars.study.preflight import SPEC_FILE, check_dirs, check_spec_file, check_storage_spec
 from mars.study.records import (
     TrialRecord,
@@ -401,14 +401,11 @@ class Driver:
         return nxt
 
     def edges(self, arm: Arm, state: ArmState):
-        e = self.study.spec["edges"]
-        points = [(t.params, t.value) for t in state.search if t.state == "COMPLETE"]
         return edges_of(
             state.rounds[-1].space,
-            points,
+            points_of(state.search),
             self.metric.higher_is_better,
-            e["fraction"],
-            e["tolerance"],
+            self.study.spec["edges"]["tolerance"],
             arm.name,
         )
 

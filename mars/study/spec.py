@@ -22,7 +22,8 @@ refuses every value that cannot work, one line each, naming the key and the fix:
                   startup_trials (tpe: random trials before it models; default optuna's)
     metric        key (any metrics.jsonl key; val/loss), direction (lower / higher; default by the key's
                   name, mars.analysis.metric), summary (final or best value of the run)
-    edges         fraction, tolerance: the edge rule (mars.analysis.edges)
+    edges         tolerance: the edge rule (mars.analysis.edges): the best trial must be bracketed, on
+                  each side of each numeric key, by a trial worse than it by more than this
     auto_extend   rounds (0: off), trials: an arm whose best sits at a bound gets `trials` more, in the
                   range widened there (mars.study.extend), up to `rounds` times
     final         top_k, seeds: the top_k configs of each arm rerun with these seeds, shared by all arms
@@ -82,7 +83,6 @@ class MetricSpec:
 
 @dataclass
 class EdgeSpec:
-    fraction: float = 0.1
     tolerance: float = 0.0
 
 
@@ -289,10 +289,7 @@ def check_spec(spec: dict) -> Study:
         )
     if metric["summary"] not in SUMMARIES:
         raise StudyError(f"study.metric.summary={metric['summary']!r} is not one of {', '.join(SUMMARIES)}")
-    edges = spec["edges"]
-    if not (isinstance(edges["fraction"], (int, float)) and 0 < edges["fraction"] < 0.5):
-        raise StudyError(f"study.edges.fraction={edges['fraction']!r} must lie in (0, 0.5) (e.g. 0.1)")
-    _at_least("study.edges.tolerance", edges["tolerance"], 0)
+    _at_least("study.edges.tolerance", spec["edges"]["tolerance"], 0)
     _at_least("study.auto_extend.rounds", spec["auto_extend"]["rounds"], 0)
     _at_least("study.auto_extend.trials", spec["auto_extend"]["trials"], 1)
     final = spec["final"]

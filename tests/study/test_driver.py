@@ -245,3 +245,36 @@ def test_run_dirs_the_storage_does_not_know_are_refused(tmp_path):
         StudyError, match=r"search/adamw/000 holds a run that study.storage=.* does not record"
     ):
         driver_of(study)
+
+
+@pytest.mark.parametrize("trials", [1, 2, 4])
+def test_a_loss_falling_over_the_whole_range_is_an_edge_however_few_trials(tmp_path, monkeypatch, trials):
+    """study=smoke's case: AdamW's loss falls with lr over its whole range, its best is the highest lr
+    tried: not at the optimum, in the verdict and in the sensitivity table alike."""
+    from mars.study.report import collect, write_study_report
+
+    monkeypatch.setenv("FAKE_OPT_LR", "10")  # beyond the range: the loss falls monotonically with lr
+    monkeypatch.setattr(fake_run, "DIVERGE_LR", 100.0)
+    driver = run_fake(study_of(tmp_path / "m", trials=trials))
+    rep = next(r for r in collect(driver) if r.name == "adamw")
+    highest = max(t.params["optimizer.lr"] for t in rep.search)
+    assert [(e.key, e.bound, e.best) for e in rep.edges if e.bound == "upper"] == [
+        ("optimizer.lr", "upper", highest)
+    ]
+    assert rep.where().startswith("not at the optimum") and not rep.at_optimum
+    write_study_report(driver)
+    text = (driver.study.dir / "report" / "study.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| adamw | optimizer.lr |"))
+    assert row.split(" | ")[5] == "none: an edge"  # the table says what the verdict says
+
+
+def test_an_interior_optimum_is_bracketed_and_at_the_optimum(tmp_path):
+    from mars.study.report import collect, write_study_report
+
+    driver = run_fake(study_of(tmp_path / "i", trials=8))  # the fake's optimum lr 3e-3 lies inside
+    rep = next(r for r in collect(driver) if r.name == "adamw")
+    assert rep.edges == [] and rep.limits == [] and rep.where() == "yes"
+    write_study_report(driver)
+    text = (driver.study.dir / "report" / "study.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| adamw | optimizer.lr |"))
+    assert "an edge" not in row and "(+" in row.split(" | ")[4] and "(+" in row.split(" | ")[5]

@@ -57,6 +57,10 @@ def run_main(capsys, args) -> tuple[int, str]:
             ["study.trails=3"],
             ["Could not override 'study.trails'", "its keys: name, dir, storage, base, arms"],
         ),
+        (
+            ["study.edges.fraction=0.1"],  # the outer-tenth rule's key: the rule is bracketing now
+            ["Could not override 'study.edges.fraction'", "its keys: tolerance"],
+        ),
         (["study.baseline=sgd"], ["study.baseline='sgd' is not an arm (adamw, mars_adamw)"]),
         (
             ["study.final.seeds=[1,1]"],
@@ -104,7 +108,7 @@ def test_no_spec_or_an_unknown_one_is_named(capsys):
         ),
         ("base", ["hydra.run.dir=/tmp/x"], "each trial's run dir is chosen by the study"),
         ("arms", {}, "study.arms is empty"),
-        ("edges.fraction", 0.7, "study.edges.fraction=0.7 must lie in (0, 0.5)"),
+        ("edges.tolerance", -0.1, "study.edges.tolerance=-0.1 must be a number >= 0"),
         ("metric.summary", "mean", "study.metric.summary='mean' is not one of final, best"),
     ],
 )

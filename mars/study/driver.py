@@ -9,8 +9,8 @@ prepare() refuses, each in one line naming the key or file and the fix: every ba
 (mars.study.configs), a storage it cannot open, a study dir or storage made by another spec (the
 differences named), run dirs the storage does not know or known trials whose run dirs are gone.
 
-run() loops: while a launcher slot is free, the next job is chosen under the study's ask lock
-(mars.study.storage), arms in turn so that they progress alike:
+run() loops: while a launcher slot is free, the next job is chosen under the study's ask lock (a row
+of the storage: mars.study.storage), arms in turn so that they progress alike:
 
 1. an orphaned trial (RUNNING, its driver dead) is adopted and rerun in its own dir with
    train.resume=auto;
@@ -50,8 +50,8 @@ from mars.study.records import (
 )
 from mars.study.samplers import make_sampler
 from mars.study.space import distributions, draw
-from mars.study.spec import Arm, Study
-from mars.study.storage import ASK_LOCK, DriverLock, held, is_locked, open_storage
+from mars.study.spec import Arm, Study, public_spec
+from mars.study.storage import DriverLock, open_storage
 from mars.study.trials import (
     LAUNCH_LOG,
     Job,
@@ -87,7 +87,7 @@ class Driver:
         self.configs: dict[str, ArmConfig] = {}
         self.sizes: list[ladder.Size] = []  # budgets and sizes of the finals (mars.study.budgets); [] without
         self.storage = None
-        self.lock = DriverLock(study.dir)
+        self.lock = DriverLock()
         self._studies: dict[str, object] = {}
         self._valid: dict[tuple, str | None] = {}
         self.stopping = False
@@ -111,10 +111,11 @@ class Driver:
         self.configs = {arm.name: check_arm(s, arm) for arm in s.arms}
         self.sizes = self._check_sizes()
         check_spec_file(s)
-        self.storage = open_storage(s.storage)
+        self.storage = open_storage(s.storage, create=False)  # a new SQLite file is made by run() alone
         check_storage_spec(s, self.storage)
-        states = [self.arm_state(arm, create=False) for arm in s.arms]
-        check_dirs(s, [t for st in states for t in st.search + st.final])
+        check_dirs(
+            s, lambda: [t for arm in s.arms for st in [self.arm_state(arm)] for t in st.search + st.final]
+        )
         if self.launcher is None:
             self.launcher = make_launcher(s)
         if data:
@@ -243,7 +244,7 @@ class Driver:
         return sorted(self.study.arms, key=lambda a: started[a.name])
 
     def next_job(self) -> Job | None:
-        with held(self.study.dir / ASK_LOCK):
+        with self.lock.ask():
             for arm in self._arm_order():
                 job = self._next_for_arm(arm)
                 if job is not None:
@@ -442,19 +443,22 @@ class Driver:
 
         s = self.study
         s.dir.mkdir(parents=True, exist_ok=True)
-        with held(s.dir / ASK_LOCK):  # the first of several drivers writes the spec
-            spec_file = s.dir / SPEC_FILE
-            if not spec_file.is_file():
-                from mars.files import write_atomic
-
-                write_atomic(spec_file, yaml.safe_dump(s.spec, sort_keys=False))
-            meta = optuna.create_study(storage=self.storage, study_name=s.name, load_if_exists=True)
-            if "spec" not in meta.user_attrs:
-                meta.set_user_attr("spec", s.spec)
-        self.lock.acquire()
+        if isinstance(self.storage, optuna.storages.InMemoryStorage):  # prepare() made no file: now
+            self.storage = open_storage(s.storage)
+            self._studies, self._names, self._ids = {}, set(), {}
+        self.lock.acquire(self.storage, s.name)
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
         try:
+            with self.lock.ask():  # the first of several drivers writes the spec
+                spec_file = s.dir / SPEC_FILE
+                if not spec_file.is_file():
+                    from mars.files import write_atomic
+
+                    write_atomic(spec_file, yaml.safe_dump(public_spec(s.spec), sort_keys=False))
+                meta = optuna.create_study(storage=self.storage, study_name=s.name, load_if_exists=True)
+                if "spec" not in meta.user_attrs:
+                    meta.set_user_attr("spec", public_spec(s.spec))
             self._loop()
         finally:
             if main:
@@ -495,11 +499,11 @@ class Driver:
             ) from None
 
     def _start(self, job: Job, t0: float):
-        from mars.train.runlock import LOCK_FILE
+        from mars.train.runlock import busy
 
-        if job.resume and is_locked(job.run_dir / LOCK_FILE):  # the process of its dead driver still saves
+        if job.resume and busy(job.run_dir):  # the process of its dead driver still saves
             self.say(f"{job.label}: waiting for the process that ran it to stop (it is saving a checkpoint)")
-            while is_locked(job.run_dir / LOCK_FILE):
+            while busy(job.run_dir):
                 time.sleep(max(self.poll_s, 0.5))
         job.attempts += 1
         job.started = time.time()

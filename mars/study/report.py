@@ -29,6 +29,8 @@ from mars.files import write_atomic
 from mars.metrics_jsonl import jsonable
 from mars.study.figures import bins_for, profile, search_figure, sensitivity_figure
 from mars.study.finals import best_finalist, ranked
+from mars.study.spec import public_spec
+from mars.study.storage import shown
 
 REPORT_DIR = "report"
 
@@ -214,7 +216,7 @@ def _markdown(driver, arms, report, command, markdown_table, comparison_table, v
     s, m = driver.study, driver.metric
     seeds = s.seeds
     L = [f"# Study {s.name}", ""]
-    L.append(f"- spec: `{s.dir / 'spec.yaml'}`; storage `{s.storage}`")
+    L.append(f"- spec: `{s.dir / 'spec.yaml'}`; storage `{shown(s.storage)}`")
     L.append(f"- base overrides: `{' '.join(s.base) or '(none)'}`")
     sp = s.spec["sampler"]
     L.append(
@@ -377,7 +379,7 @@ def _json(driver, arms, report, command) -> dict:
 
     return {
         "name": driver.study.name,
-        "spec": driver.study.spec,
+        "spec": public_spec(driver.study.spec),
         "metric": {"key": driver.metric.key, "higher_is_better": driver.metric.higher_is_better},
         "baseline": driver.study.baseline,
         "verdict_command": command,

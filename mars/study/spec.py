@@ -129,6 +129,7 @@ class StudySpec:
 
 
 PRIMARY = "mars_study"
+MAPPINGS = ("study.arms", "study.sizes", "study.launcher.submitit")  # spec keys that hold a mapping
 
 
 def register() -> None:
@@ -155,6 +156,14 @@ def compose_spec(args: list[str]) -> dict:
 
     study_args = [a for a in args if is_study_override(a)]
     training = [a for a in args if not is_study_override(a)]
+    for arg in study_args:
+        key, _, value = arg.partition("=")
+        if value.strip() == "{}" and key.lstrip("+") in MAPPINGS:
+            raise StudyError(
+                f"{arg} empties nothing: Hydra merges a mapping into the spec's {key.lstrip('+')}, so {{}} "
+                f"changes nothing; drop an entry with ~{key.lstrip('+')}.NAME, or write a spec of your own "
+                "(configs/study/NAME.yaml)"
+            )
     if not any(a.split("=", 1)[0] == "study" for a in study_args):
         names = sorted(p.stem for p in Path(config_dir(), "study").glob("*.yaml"))
         raise StudyError(
@@ -168,10 +177,34 @@ def compose_spec(args: list[str]) -> dict:
         spec = OmegaConf.to_container(cfg.study, resolve=True, throw_on_missing=True)
     except Exception as e:
         if is_composition_error(e):
-            raise StudyError(_with_keys(one_line(e))) from None
+            raise StudyError(unquoted_equals(study_args) or _with_keys(one_line(e))) from None
         raise
     spec["base"] = [*spec["base"], *training]
     return spec
+
+
+def unquoted_equals(args: list[str]) -> str | None:
+    """The first argument whose value holds an unquoted '=' (Hydra's grammar takes it for another
+    key=value and fails without naming the argument), with the quoted form that works; else None."""
+    for arg in args:
+        key, _, value = arg.partition("=")
+        v = value.strip()
+        if "=" not in v or v[:1] in "'\"":
+            continue
+        if v.startswith("[") and v.endswith("]"):
+            items = [x.strip() for x in v[1:-1].split(",") if x.strip()]
+            v = "[" + ",".join(x if x[:1] in "'\"" else f'"{x}"' for x in items) + "]"
+        else:
+            v = f'"{v}"'
+        if key.lstrip("+") == "study.storage":  # no password in a message
+            from mars.study.storage import shown
+
+            arg, v = f"{key}={shown(value)}", f'"{shown(v[1:-1])}"'
+        return (
+            f"{arg}: Hydra reads the '=' inside its value as another key=value; quote the value: "
+            f"'{key}={v}' (in single quotes for the shell)"
+        )
+    return None
 
 
 def _with_keys(message: str) -> str:
@@ -252,7 +285,8 @@ def check_spec(spec: dict) -> Study:
     arms_spec = spec["arms"]
     if not arms_spec:
         raise StudyError(
-            "study.arms is empty: give at least one arm, e.g. study.arms.adamw.overrides=[optimizer=adamw]"
+            "study.arms is empty: give at least one arm in the spec (configs/study/NAME.yaml), e.g. "
+            "arms: {adamw: {overrides: [optimizer=adamw]}}"
         )
     _at_least("study.trials", spec["trials"], 1)
     arms = []
@@ -314,6 +348,14 @@ def check_spec(spec: dict) -> Study:
 
     storage = spec["storage"] or default_storage(directory)
     return Study(spec, str(name), directory, storage, tuple(spec["base"]), arms, str(baseline))
+
+
+def public_spec(spec: dict) -> dict:
+    """The spec as it is written down (spec.yaml, the storage, study.json): its storage URL's password
+    masked."""
+    from mars.study.storage import shown
+
+    return {**spec, "storage": shown(spec["storage"])} if spec.get("storage") else spec
 
 
 def identity(spec: dict) -> dict:

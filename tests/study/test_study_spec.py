@@ -50,7 +50,7 @@ def run_main(capsys, args) -> tuple[int, str]:
         (["study.storage=not a url"], ["study.storage='not a url' is not a database URL"]),
         (
             ["study.storage=nosuchdb://host/x"],
-            ["study.storage='nosuchdb://host/x': SQLAlchemy knows no database"],
+            ["study.storage=nosuchdb://host/x: SQLAlchemy knows no database"],
         ),
         (["train.seed=3"], ["sets train.seed, which the study chooses itself"]),
         (
@@ -135,3 +135,75 @@ def test_dry_run_checks_everything_and_prints_the_budget(capsys, tmp_path):
     assert "budget: 12 runs, 6,144 training tokens" in out and "dry run: every check passed" in out
     assert not (tmp_path / "s" / "search").exists()
     assert study_of(tmp_path / "t").baseline == "adamw"
+
+
+@pytest.mark.parametrize(
+    ("url", "blocked", "fragment"),
+    [
+        (
+            "postgresql://mars:s3cret@127.0.0.1:1/db",
+            "psycopg",
+            "driver psycopg is not installed: pip install",
+        ),
+        ("postgresql://mars:s3cret@127.0.0.1:1/db", None, "cannot reach the database server at 127.0.0.1:1"),
+        (
+            "postgresql://mars:s3cret@no-such-host.invalid/db",
+            None,
+            "cannot reach the database server at no-such-host.invalid",
+        ),
+        (
+            "mysql://mars:s3cret@127.0.0.1/db",
+            None,
+            "driver MySQLdb is not installed: pip install mysqlclient",
+        ),
+        ("postgresql+psycopg2://mars:s3cret@127.0.0.1/db", None, "pip install psycopg2-binary"),
+    ],
+)
+def test_a_storage_that_cannot_be_opened_is_one_line_without_its_password(
+    capsys, tmp_path, monkeypatch, url, blocked, fragment
+):
+    """No driver, no server, no such host: one line naming the package or the address (a server that
+    refuses the password: tests/study/test_postgres.py), the password never shown, nothing written."""
+    import sys
+
+    if blocked:
+        monkeypatch.setitem(sys.modules, blocked, None)  # as if it were not installed
+    study_dir = tmp_path / "s"
+    code, err = run_main(
+        capsys, ["study=smoke", f"study.dir={study_dir}", f"study.storage={url}", "--dry-run"]
+    )
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and fragment in lines[0], err
+    assert "s3cret" not in err and "mars:***@" in lines[0]
+    assert not study_dir.exists()
+
+
+def test_a_value_holding_an_equals_sign_is_named_with_its_quoted_form(capsys, tmp_path):
+    arg = "study.arms.adamw.overrides=[optimizer=adamw,optimizer.weight_decay=0.05]"
+    code, err = run_main(capsys, ["study=smoke", f"study.dir={tmp_path / 's'}", arg, "--dry-run"])
+    assert code == 2 and err.count("\n") == 1
+    quoted = '\'study.arms.adamw.overrides=["optimizer=adamw","optimizer.weight_decay=0.05"]\''
+    assert f"error: {arg}: Hydra reads the '=' inside its value" in err and quoted in err
+    code, err = run_main(
+        capsys, ["study=smoke", f"study.dir={tmp_path / 's'}", quoted.strip("'"), "--dry-run"]
+    )
+    assert code == 0, err  # the quoted form the line gives works
+    code, err = run_main(capsys, ["study=smoke", "study.storage=postgresql://u:pw1@h/db?sslmode=require"])
+    assert (
+        code == 2
+        and "pw1" not in err
+        and "'study.storage=\"postgresql://u:***@h/db?sslmode=require\"'" in err
+    )
+
+
+def test_an_empty_mapping_merges_nothing_and_is_refused(capsys, tmp_path):
+    code, err = run_main(capsys, ["study=smoke", f"study.dir={tmp_path / 's'}", "study.arms={}", "--dry-run"])
+    assert code == 2 and "study.arms={} empties nothing" in err and "~study.arms.NAME" in err
+
+
+def test_a_dry_run_or_a_refused_study_leaves_no_database_behind(capsys, tmp_path):
+    study_dir = tmp_path / "s"
+    code, _ = run_main(capsys, ["study=smoke", f"study.dir={study_dir}", "--dry-run"])
+    assert code == 0 and not (study_dir / "study.db").exists()
+    code, err = run_main(capsys, ["study=smoke", f"study.dir={study_dir}", "study.launcher.gpus_per_job=64"])
+    assert code == 2 and "gpus_per_job" in err and not (study_dir / "study.db").exists()

@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +73,15 @@ def _check_healthy(key: str, value: str, step_dir: Path, meta: dict) -> None:
         )
 
 
-def _verify(key: str, value: str, step_dir: Path, only=None) -> dict:
-    """meta.json after checking the checkpoint's bytes (all of them, or the files `only` accepts)."""
+def _verify(key: str, value: str, step_dir: Path, only=None, healthy: bool = True) -> dict:
+    """meta.json after checking the checkpoint's bytes (all of them, or the files `only` accepts) and
+    (healthy=True) that it is not marked unhealthy."""
     from mars.checkpoint import checksums
 
     try:
         meta = ckpt.read_meta(step_dir)
-        _check_healthy(key, value, step_dir, meta)
+        if healthy:
+            _check_healthy(key, value, step_dir, meta)
         if only is None:
             ckpt.verify_checkpoint(step_dir)
         else:
@@ -125,16 +128,18 @@ def _refuse_model(key: str, value: str, file: Path, diffs: list[str]) -> None:
         )
 
 
-def check_fork(cfg: Any, world_size: int) -> Path:
-    """The step dir train.fork_from names, verified (every file against its checksums), healthy, of the
-    config's model, and trained under the config's values of every key a resume fixes."""
+def check_fork(cfg: Any, world_size: int, key: str = "train.fork_from") -> Path:
+    """The step dir train.fork_from names (or train.resume=PATH naming another run dir's checkpoint, which
+    makes the same fork: `key`), verified (every file against its checksums), healthy (train.resume=PATH
+    continues an unhealthy one as asked), of the config's model, and trained under the config's values
+    of every key a resume fixes."""
     from mars.checkpoint.model_dir import read_model_config
     from mars.train.resume import FIXED_KEYS, fixed_differences
 
-    value = str(cfg.train.fork_from)
-    step_dir = source_checkpoint("train.fork_from", value)
-    meta = _verify("train.fork_from", value, step_dir)
-    _refuse_model("train.fork_from", value, step_dir / MODEL_CONFIG, model_differences(
+    value = str(get(cfg, key))
+    step_dir = source_checkpoint(key, value)
+    meta = _verify(key, value, step_dir, healthy=key == "train.fork_from")
+    _refuse_model(key, value, step_dir / MODEL_CONFIG, model_differences(
         read_model_config(step_dir / MODEL_CONFIG), cfg.model
     ))  # fmt: skip
     saved = ckpt.read_run_config(step_dir)
@@ -144,17 +149,17 @@ def check_fork(cfg: Any, world_size: int) -> Path:
         if d.split(":", 1)[0] in FIXED_KEYS
     ]
     if diffs:
-        key, change = diffs[0].split(": ", 1)
+        name, change = diffs[0].split(": ", 1)
         old = change.split(" -> ", 1)[0].strip("'")
         raise ConfigError(
-            f"train.fork_from={value}: the fork would change {'; '.join(diffs)} (from the parent's "
+            f"{key}={value}: the fork would change {'; '.join(diffs)} (from the parent's "
             f"{step_dir / RUN_CONFIG}); a fork keeps the keys a resume keeps (model shape, optimizer kind, "
-            f"data, global batch, seeds): set {key}={old} as the parent has it, or start from its weights "
+            f"data, global batch, seeds): set {name}={old} as the parent has it, or start from its weights "
             "alone with train.init_from"
         )
     if meta["step"] > int(cfg.train.max_steps):
         raise ConfigError(
-            f"train.fork_from={value}: {step_dir} is at step {meta['step']}, beyond train.max_steps="
+            f"{key}={value}: {step_dir} is at step {meta['step']}, beyond train.max_steps="
             f"{cfg.train.max_steps}; raise train.max_steps above {meta['step']}, or fork from an earlier "
             "checkpoint"
         )
@@ -293,17 +298,44 @@ def init_weights(model, source: str) -> None:
 
 
 def check_source(cfg: Any, run_dir: Path | None, world_size: int) -> None:
-    """Before Hydra writes the run dir (rank 0): the source train.fork_from or train.init_from names can
-    start this run. Skipped where train.resume=auto will continue the run dir's own checkpoints."""
+    """Before Hydra writes the run dir (rank 0): the source train.fork_from or train.init_from names (or
+    train.resume=PATH, when it names another run dir's checkpoint: a fork of it) can start this run, and
+    does not lie in the run dir that train.overwrite=true would move aside first. Skipped where
+    train.resume=auto will continue the run dir's own checkpoints."""
     t = cfg.train
-    if not (given(t.fork_from) or given(t.init_from)):
+    resume_path = t.resume not in (*NO_PATH, "auto")
+    if not (given(t.fork_from) or given(t.init_from) or resume_path):
         return
     if t.resume == "auto" and run_dir is not None and ckpt.list_checkpoints(Path(run_dir) / ckpt.CKPT_DIR):
         return
-    if given(t.fork_from):
+    key = next(k for k in ("train.fork_from", "train.init_from", "train.resume") if given(get(cfg, k)))
+    source = Path(str(get(cfg, key))).expanduser()
+    if key == "train.resume":
+        step_dir = ckpt.resolve_checkpoint(source)
+        if step_dir is None or run_dir is None or step_dir.resolve().parent.parent == Path(run_dir).resolve():
+            return  # this run dir's own checkpoint (mars.train.rundir.choose_start), or none (refused there)
+        check_fork(cfg, world_size, key)
+        return
+    _refuse_own_source(cfg, key, source, run_dir)
+    if key == "train.fork_from":
         check_fork(cfg, world_size)
     else:
         check_init(cfg)
+
+
+def _refuse_own_source(cfg: Any, key: str, source: Path, run_dir: Path | None) -> None:
+    """A source inside the run dir whose run train.overwrite=true moves aside before this run starts:
+    the run would move its own source away (its parent with it), then fail to find it."""
+    from mars.train.rundir import holds_a_run
+
+    if run_dir is None or not cfg.train.overwrite or not holds_a_run(Path(run_dir)):
+        return
+    if source.resolve().is_relative_to(Path(run_dir).resolve()):
+        raise ConfigError(
+            f"{key}={source} lies in hydra.run.dir={run_dir}, whose run train.overwrite=true would move "
+            "aside before this run starts, its source with it: start this run in another hydra.run.dir "
+            "(nothing was moved)"
+        )
 
 
 # ----------------------------------------------------------------------------- the record
@@ -344,6 +376,67 @@ def write_lineage(run_dir: str | os.PathLike, record: dict) -> None:
 
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(run_dir) / LINEAGE_FILE, json.dumps(record, indent=2) + "\n")
+
+
+@dataclass
+class Parent:
+    """Where a run's parent is now, as lineage.json's checksum hash finds it."""
+
+    run_dir: Path | None  # the run dir holding the parent's run now; None when it cannot be found
+    note: str = ""  # empty when the parent is where lineage.json says, unchanged
+
+
+def locate_parent(record: dict) -> Parent:
+    """The parent run of a fork (or of a run begun from a mars checkpoint's weights), checked against the
+    hash lineage.json holds of its checkpoint's checksums.json: still in its run dir; moved aside by a
+    train.overwrite=true of that run dir (RUN_DIR/replaced-TIME/, found by the hash); or replaced or
+    changed and not found (run_dir None). A checkpoint rotated away since cannot be checked: the run dir
+    is taken as the parent unless a run was moved out of it after the fork."""
+    from mars.checkpoint.checksums import file_digest
+    from mars.checkpoint.layout import REPLACED_PREFIX
+    from mars.train.metrics import METRICS_FILE
+
+    run = Path(str(record.get("parent_run_dir") or ""))
+    step_dir = Path(str(record.get("parent_checkpoint") or ""))
+    recorded = (record.get("checksums") or {}).get(CHECKSUMS)
+    if record.get("format") == "hf" or not record.get("parent_run_dir"):
+        return Parent(None, _hf_changed(step_dir, record.get("checksums") or {}))
+    if recorded is None:
+        return Parent(run)  # a record without the hash: nothing to check
+
+    def matches(d: Path) -> bool:
+        return (d / CHECKSUMS).is_file() and file_digest(d / CHECKSUMS) == recorded
+
+    if matches(step_dir):
+        return Parent(run)
+    moved_runs = sorted(
+        (d for d in run.glob(f"{REPLACED_PREFIX}*") if (d / METRICS_FILE).is_file()), reverse=True
+    )
+    for moved in sorted(run.glob(f"{REPLACED_PREFIX}*"), reverse=True):
+        if matches(moved / ckpt.CKPT_DIR / step_dir.name):
+            if moved in moved_runs:
+                return Parent(moved, f"its run dir was overwritten since: the parent run is now in {moved}")
+            return Parent(run, f"its checkpoint was moved aside since, to {moved}")
+    if step_dir.exists():
+        return Parent(
+            None, f"{step_dir} no longer matches lineage.json: the parent was replaced or changed since"
+        )
+    since = "".join(c for c in str(record.get("time", "")) if c.isdigit())
+    after = [d for d in moved_runs if "".join(c for c in d.name if c.isdigit())[:14] >= since[:14]]
+    if after:
+        return Parent(None, f"its run dir was overwritten since (the earlier run moved to {after[0]}) and "
+                      f"{step_dir.name} is gone: the parent cannot be found")  # fmt: skip
+    return Parent(run, f"{step_dir.name} has been rotated away since: not checked")
+
+
+def _hf_changed(source: Path, sums: dict) -> str:
+    """An HF source's note: empty while its files match their recorded hashes."""
+    from mars.checkpoint.checksums import file_digest
+
+    for name, digest in sums.items():
+        if not (source / name).is_file() or file_digest(source / name) != digest:
+            return f"{source / name} has changed or is gone since"
+    return ""
 
 
 def read_lineage(run_dir: str | os.PathLike) -> dict | None:

@@ -26,6 +26,7 @@ def _say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from mars.analysis.errors import AnalysisError
     from mars.plugins import PluginError
     from mars.study.driver import Driver, Interrupted
     from mars.study.errors import StudyError
@@ -67,6 +68,6 @@ def main(argv: list[str] | None = None) -> None:
         written = write_study_report(driver)
     except Interrupted as e:
         fail(str(e), EXIT_INTERRUPTED)
-    except StudyError as e:
+    except (StudyError, AnalysisError) as e:  # AnalysisError: a trial's files the report cannot read
         fail(str(e), EXIT_FAILED)
     _say("wrote " + ", ".join(str(p) for p in written if p.suffix in (".md", ".json")))

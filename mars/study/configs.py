@@ -43,7 +43,7 @@ def _compose(study: Study, arm: Arm, values: dict[str, Any], extra: tuple[str, .
     if argv not in _composed:
         try:
             _composed[argv] = precheck(
-                [*argv, f"hydra.run.dir={study.dir / 'search' / arm.name / '000'}"]
+                [*argv, f"hydra.run.dir={hydra_value(str(study.dir / 'search' / arm.name / '000'))}"]
             ).cfg
         except ConfigError as e:
             _composed[argv] = e

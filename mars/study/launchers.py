@@ -48,6 +48,13 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def run_dir_override(run_dir: Path) -> str:
+    """hydra.run.dir=RUN_DIR, quoted where Hydra's grammar needs it (a comma, '=', a non-ASCII letter)."""
+    from mars.entry import hydra_value
+
+    return f"hydra.run.dir={hydra_value(str(run_dir))}"
+
+
 def base_command(command: list[str] | None) -> list[str]:
     return list(command) if command else [sys.executable, "-m", "mars.train"]
 
@@ -95,7 +102,7 @@ class LocalLauncher:
 
         if self.gpus_per_job > 0 and not self.command:
             return job_command(self.gpus_per_job, job.command_overrides, job.run_dir)
-        return [*base_command(self.command), *job.command_overrides, f"hydra.run.dir={job.run_dir}"]
+        return [*base_command(self.command), *job.command_overrides, run_dir_override(job.run_dir)]
 
     def start(self, job: Job) -> LocalHandle:
         from mars.train.launch import SLOTS_DIR, claim_slot
@@ -161,7 +168,7 @@ class SubmititLauncher:
         from submitit.helpers import CommandFunction
 
         job.run_dir.mkdir(parents=True, exist_ok=True)
-        command = [*base_command(self.command), *job.command_overrides, f"hydra.run.dir={job.run_dir}"]
+        command = [*base_command(self.command), *job.command_overrides, run_dir_override(job.run_dir)]
         submitted = self.executor.submit(CommandFunction(command, cwd=os.getcwd(), env=child_env()))
         return SubmititHandle(submitted, Path(submitted.paths.stderr))
 

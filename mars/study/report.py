@@ -27,6 +27,7 @@ from mars.analysis.stats import mean_std
 from mars.entry import hydra_value
 from mars.files import write_atomic
 from mars.metrics_jsonl import jsonable
+from mars.study.errors import StudyError
 from mars.study.figures import bins_for, profile, search_figure, sensitivity_figure
 from mars.study.finals import best_finalist, ranked
 from mars.study.spec import public_spec
@@ -137,6 +138,14 @@ def write_study_report(driver) -> list[Path]:
     arms = collect(driver)
     written: list[Path] = []
     dirs, pairs, command = verdict_command(driver, arms)
+    for d in dirs:  # the verdict is read from the finals' run dirs, not the storage
+        metrics = Path(d) / "metrics.jsonl"
+        if not metrics.is_file() or metrics.stat().st_size == 0:
+            raise StudyError(
+                f"{metrics} is {'empty' if metrics.is_file() else 'missing'}, though the storage records its "
+                "trial as finished: the verdict is read from the finals' run dirs; restore it (from a backup "
+                "or the run's W&B history), then rerun with --report"
+            )
     report = None
     base = next(r for r in arms if r.name == s.baseline)
     if base.best_rank is not None and dirs:

@@ -177,32 +177,41 @@ def compose_spec(args: list[str]) -> dict:
         spec = OmegaConf.to_container(cfg.study, resolve=True, throw_on_missing=True)
     except Exception as e:
         if is_composition_error(e):
-            raise StudyError(unquoted_equals(study_args) or _with_keys(one_line(e))) from None
+            raise StudyError(needs_quotes(study_args) or _with_keys(one_line(e))) from None
         raise
     spec["base"] = [*spec["base"], *training]
     return spec
 
 
-def unquoted_equals(args: list[str]) -> str | None:
-    """The first argument whose value holds an unquoted '=' (Hydra's grammar takes it for another
-    key=value and fails without naming the argument), with the quoted form that works; else None."""
+def needs_quotes(args: list[str]) -> str | None:
+    """The first argument whose value Hydra's grammar cannot take unquoted (an '=' it reads as another
+    key=value, a comma it reads as a sweep, a space or a non-ASCII letter), with the quoted form that
+    works; else None. Hydra's own error names neither the argument nor the fix."""
+
+    def awkward(text: str, commas: bool) -> bool:
+        return any(c in text for c in "= " + ("," if commas else "")) or not text.isascii()
+
     for arg in args:
         key, _, value = arg.partition("=")
         v = value.strip()
-        if "=" not in v or v[:1] in "'\"":
+        if not v or v[:1] in "'\"{":
             continue
         if v.startswith("[") and v.endswith("]"):
             items = [x.strip() for x in v[1:-1].split(",") if x.strip()]
+            if not any(awkward(x, False) and x[:1] not in "'\"" for x in items):
+                continue
             v = "[" + ",".join(x if x[:1] in "'\"" else f'"{x}"' for x in items) + "]"
-        else:
+        elif awkward(v, True):
             v = f'"{v}"'
+        else:
+            continue
         if key.lstrip("+") == "study.storage":  # no password in a message
             from mars.study.storage import shown
 
             arg, v = f"{key}={shown(value)}", f'"{shown(v[1:-1])}"'
         return (
-            f"{arg}: Hydra reads the '=' inside its value as another key=value; quote the value: "
-            f"'{key}={v}' (in single quotes for the shell)"
+            f"{arg}: Hydra's grammar cannot read this value unquoted (an '=', a comma, a space or a "
+            f"non-ASCII letter in it); quote it: '{key}={v}' (in single quotes for the shell)"
         )
     return None
 
@@ -341,8 +350,7 @@ def check_spec(spec: dict) -> Study:
         raise StudyError(f"study.launcher.name={launcher['name']!r} is not one of {', '.join(LAUNCHERS)}")
     _at_least("study.launcher.n_jobs", launcher["n_jobs"], 1)
     _at_least("study.launcher.gpus_per_job", launcher["gpus_per_job"], 0)
-    if launcher["command"] is not None and not launcher["command"]:
-        raise StudyError("study.launcher.command is empty: give the command that runs a trial, or null")
+    _check_command(launcher)
     directory = Path(spec["dir"] or Path("studies") / str(name)).expanduser().absolute()
     from mars.study.storage import default_storage
 
@@ -356,6 +364,32 @@ def public_spec(spec: dict) -> dict:
     from mars.study.storage import shown
 
     return {**spec, "storage": shown(spec["storage"])} if spec.get("storage") else spec
+
+
+def _check_command(launcher: dict) -> None:
+    """study.launcher.command: with the local launcher, a program this machine has. The command line
+    reads an unquoted false, true or null as a value, which arrives here as the word False, True or
+    None: the refusal then says to quote it."""
+    import shutil
+
+    command = launcher["command"]
+    if command is None:
+        return
+    if not command:
+        raise StudyError("study.launcher.command is empty: give the command that runs a trial, or null")
+    program = str(command[0])
+    if launcher["name"] != "local" or shutil.which(program) is not None:
+        return
+    if program in ("False", "True", "None"):
+        word = {"None": "null"}.get(program, program.lower())
+        raise StudyError(
+            f"study.launcher.command=[{word}, ...]: the command line read {word} as a value ({program}), not "
+            f"a program: quote it, e.g. 'study.launcher.command=[\"{word}\"]'"
+        )
+    raise StudyError(
+        f"study.launcher.command: {program!r} is not a program on PATH, nor a path to one: give the command "
+        "that runs a trial (default: python -m mars.train)"
+    )
 
 
 def identity(spec: dict) -> dict:

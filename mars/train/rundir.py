@@ -6,9 +6,9 @@ Rules (checked on rank 0 before any data is read or a process group exists):
   * a new run (no train.resume) refuses a run dir that already holds a run (checkpoints or
     metrics.jsonl): resume it, or choose another hydra.run.dir; train.overwrite=true moves the old run
     (its checkpoints, metrics, lineage and outcome.json, with its .hydra/ and train.log) aside into
-    RUN_DIR/replaced-<time>/ instead (nothing is deleted, nothing is mixed). Both happen before Hydra writes into the run dir (`claim`; for the job dirs of
-    a -m sweep, `claim_sweep`, which first takes the lock of every job dir: a live run in one refuses
-    the sweep before anything of any job is moved);
+    RUN_DIR/replaced-<time>/ instead (nothing is deleted, nothing is mixed). Both happen before Hydra
+    writes into the run dir (`claim`; for the job dirs of a -m sweep, `claim_sweep`, which first takes
+    the lock of every job dir: a live run in one refuses the sweep before anything of any job is moved);
   * train.resume=auto continues the newest usable, healthy checkpoint of the run dir: a newer one that
     fails verification (truncated, corrupt, a checksum mismatch, non-finite weights) or that meta.json
     marks unhealthy (saved within train.health_window steps of a divergence alarm) is moved aside, and

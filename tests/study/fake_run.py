@@ -44,7 +44,7 @@ def objective(lr: float, gamma: float | None, seed: int, scale: float = 0.0) -> 
 
 
 def parse(args: list[str]) -> tuple[Path, dict, list[str]]:
-    run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
+    run_dir = Path(yaml.safe_load(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir="))))
     overrides = [a for a in args if not a.startswith("hydra.")]
     values = {}
     for a in overrides:

@@ -183,7 +183,7 @@ def test_a_value_holding_an_equals_sign_is_named_with_its_quoted_form(capsys, tm
     code, err = run_main(capsys, ["study=smoke", f"study.dir={tmp_path / 's'}", arg, "--dry-run"])
     assert code == 2 and err.count("\n") == 1
     quoted = '\'study.arms.adamw.overrides=["optimizer=adamw","optimizer.weight_decay=0.05"]\''
-    assert f"error: {arg}: Hydra reads the '=' inside its value" in err and quoted in err
+    assert f"error: {arg}: Hydra's grammar cannot read this value unquoted" in err and quoted in err
     code, err = run_main(
         capsys, ["study=smoke", f"study.dir={tmp_path / 's'}", quoted.strip("'"), "--dry-run"]
     )
@@ -207,3 +207,55 @@ def test_a_dry_run_or_a_refused_study_leaves_no_database_behind(capsys, tmp_path
     assert code == 0 and not (study_dir / "study.db").exists()
     code, err = run_main(capsys, ["study=smoke", f"study.dir={study_dir}", "study.launcher.gpus_per_job=64"])
     assert code == 2 and "gpus_per_job" in err and not (study_dir / "study.db").exists()
+
+
+@pytest.mark.parametrize("name", ["a,b", "a=b", "é tude"])
+def test_a_study_dir_hydra_cannot_read_unquoted_works_and_is_quoted_for_the_trials(tmp_path, name):
+    """A study dir with a comma, '=', a space or a non-ASCII letter (train.py takes it quoted): the arms
+    compose there, and each trial's hydra.run.dir reaches train.py quoted, as the same path."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from study_helpers import driver_of
+
+    from mars.study.launchers import LocalLauncher
+    from mars.study.trials import Job
+
+    study = study_of(tmp_path / name)
+    driver_of(study)  # every check, the arms composed with run dirs under it
+    run_dir = study.dir / "search" / "adamw" / "000"
+    line = LocalLauncher(study.dir, 1).command_line(Job(run_dir, ["optimizer=adamw"]))
+    (override,) = OverridesParser.create().parse_overrides([line[-1]])
+    assert override.key_or_group == "hydra.run.dir" and override.value() == str(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("command", "fragment"),
+    [
+        (
+            "[false]",
+            """read false as a value (False), not a program: quote it, e.g. 'study.launcher.command=["fal""",
+        ),
+        ("[no-such-program,x]", "'no-such-program' is not a program on PATH"),
+    ],
+)
+def test_a_launcher_command_that_cannot_run_is_refused_before_anything_runs(
+    capsys, tmp_path, command, fragment
+):
+    study_dir = tmp_path / "s"
+    code, err = run_main(
+        capsys, ["study=smoke", f"study.dir={study_dir}", f"study.launcher.command={command}"]
+    )
+    assert code == 2 and err.count("\n") == 1 and fragment in err, err
+    assert not study_dir.exists()
+
+
+@pytest.mark.parametrize("damage", ["garbage\n", None])
+def test_a_finished_trials_damaged_metrics_stop_the_report_in_one_line(capsys, tmp_path, damage):
+    from study_helpers import run_fake
+
+    run_fake(study_of(tmp_path / "d"))
+    metrics = tmp_path / "d" / "final" / "adamw" / "top1-seed1" / "metrics.jsonl"
+    metrics.write_text(damage + metrics.read_text() if damage else "")
+    code, err = run_main(capsys, ["study=smoke", f"study.dir={tmp_path / 'd'}", "--report"])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and lines[0].startswith(f"error: {metrics}"), err
+    assert ("line 1 is not a JSON object" if damage else "is empty") in lines[0]

@@ -140,12 +140,12 @@ class Driver:
         return {z.name: z for z in self.sizes}
 
     def budget_lines(self) -> list[str]:
-        from mars.study.preflight import budget_lines
+        from mars.study.preflight import budget_lines, finalists
 
         lines = budget_lines(self.study, self.configs, finals=not self.sizes)
-        if self.sizes:
-            runs = self.study.spec["final"]["top_k"] * len(self.study.seeds)
-            lines += ladder.budget_lines(self.sizes, len(self.study.arms), runs)
+        if self.sizes:  # every arm's finalists and seeds, at every size
+            runs = sum(finalists(self.study, arm) for arm in self.study.arms) * len(self.study.seeds)
+            lines += ladder.budget_lines(self.sizes, 1, runs)
         return lines
 
     # ------------------------------------------------------------------ the storage's view
@@ -213,14 +213,14 @@ class Driver:
             rnd = round_from_attrs(raw.user_attrs)
             st = self._optuna_study(sname, rnd)
             rounds.append(rnd)
-            search += records_of(st, arm.name, "search", rnd.number, rnd.offset)
+            search += records_of(st, arm.name, "search", rnd.number, rnd.offset, self.study.dir)
         final: list[TrialRecord] = []
         plan = None
         fname = study_name(name, arm.name, "final")
         if self._exists(fname):
             st = self._optuna_study(fname)
             plan = st.user_attrs.get("plan")
-            final = records_of(st, arm.name, "final")
+            final = records_of(st, arm.name, "final", root=self.study.dir)
         return ArmState(rounds, search, final, plan)
 
     def _set_attrs(self, st, number: int, attrs: dict) -> None:
@@ -337,7 +337,7 @@ class Driver:
         draw(trial, rnd.sample)
         run_dir = search_dir(self.study.dir, arm.name, rnd.offset + number)
         self._set_attrs(st, number, {"driver": self.lock.id, "dir": str(run_dir)})
-        return records_of_one(st, number, arm.name, rnd)
+        return records_of_one(st, number, arm.name, rnd, self.study.dir)
 
     def _ask_final(self, arm: Arm, plan: list[dict], i: int) -> Job:
         st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
@@ -360,7 +360,7 @@ class Driver:
         if "trunk" in entry:
             attrs["trunk_dir"] = str(ladder.entry_dir(self.study.dir, arm.name, plan[entry["trunk"]]))
         self._set_attrs(st, number, {"driver": self.lock.id, **attrs})
-        return [r for r in records_of(st, arm.name, "final") if r.number == number][0]
+        return [r for r in records_of(st, arm.name, "final", root=self.study.dir) if r.number == number][0]
 
     def _job(self, arm: Arm, t: TrialRecord, st, fresh: bool) -> Job:
         """The job of trial t: a fresh trial in a new run dir, or (fresh=False) an interrupted one
@@ -562,8 +562,8 @@ class Driver:
         return True
 
 
-def records_of_one(st, number: int, arm: str, rnd: Round) -> TrialRecord:
-    return [r for r in records_of(st, arm, "search", rnd.number, rnd.offset) if r.number == number][0]
+def records_of_one(st, number: int, arm: str, rnd: Round, root: Path) -> TrialRecord:
+    return [r for r in records_of(st, arm, "search", rnd.number, rnd.offset, root) if r.number == number][0]
 
 
 def _stop(running: list) -> int:

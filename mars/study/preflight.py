@@ -78,6 +78,11 @@ def check_dirs(study: Study, read_trials) -> None:
             )
 
 
+def finalists(study: Study, arm) -> int:
+    """The configs of an arm its finals rerun: top_k of its search, or its one fixed config."""
+    return int(study.spec["final"]["top_k"]) if arm.space else 1
+
+
 def budget_lines(study: Study, configs: dict, finals: bool = True) -> list[str]:
     """What the study will run, per arm and in all: runs and training tokens (`configs`: ArmConfigs);
     finals=False: the search's alone (with budgets and sizes, mars.study.budgets counts the finals)."""
@@ -87,13 +92,13 @@ def budget_lines(study: Study, configs: dict, finals: bool = True) -> list[str]:
     extend = s.spec["auto_extend"]
     for arm in s.arms:
         c = configs[arm.name]
-        runs = arm.trials + (s.spec["final"]["top_k"] * len(s.seeds) if finals else 0)
+        runs = arm.trials + (finalists(s, arm) * len(s.seeds) if finals else 0)
         total_runs += runs
         total_tokens += runs * c.tokens_per_run
         space = ", ".join(d.describe() for d in arm.space.values()) or "nothing searched"
         lines.append(
             f"{arm.name}{' (baseline)' if arm.name == s.baseline else ''}: optimizer={c.optimizer}, "
-            f"{arm.trials} search trials over {space}; finals: top {s.spec['final']['top_k']} x seeds "
+            f"{arm.trials} search trials over {space}; finals: top {finalists(s, arm)} x seeds "
             f"{s.seeds}; {runs} {'runs' if finals else 'search runs'} x {c.tokens_per_run:,} tokens = "
             f"{runs * c.tokens_per_run:,} tokens"
         )

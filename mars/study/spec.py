@@ -337,6 +337,13 @@ def check_spec(spec: dict) -> Study:
     _at_least("study.auto_extend.trials", spec["auto_extend"]["trials"], 1)
     final = spec["final"]
     _at_least("study.final.top_k", final["top_k"], 1)
+    short = next((a for a in arms if a.space and a.trials < final["top_k"]), None)
+    if short is not None:
+        raise StudyError(
+            f"study.final.top_k={final['top_k']} is more than the {short.trials} search trials of arm "
+            f"{short.name}: the finals rerun at most that many configs; lower study.final.top_k or raise "
+            "study.trials"
+        )
     seeds = final["seeds"]
     if not seeds or len(set(seeds)) < len(seeds):
         raise StudyError(

@@ -319,3 +319,16 @@ def test_drivers_know_each_other_through_the_storage_alone(tmp_path):
     with storage.engine.connect() as c:  # a driver that stops leaves no row and no lock
         assert c.execute(select(LOCK_ROWS.c.holder)).scalar() is None
         assert me.id not in {r.driver for r in c.execute(select(DRIVER_ROWS.c.driver))}
+
+
+def test_a_study_dir_moved_elsewhere_is_still_its_study(tmp_path):
+    """The storage records trials' run dirs as absolute paths; a study dir moved (or copied) elsewhere
+    reads them under its new place: every check passes, the trials and finals are found there."""
+    from mars.study.report import collect, verdict_command
+
+    before = trials_of(run_fake(study_of(tmp_path / "here")))
+    (tmp_path / "here").rename(tmp_path / "there")
+    driver = driver_of(study_of(tmp_path / "there"))  # refused before: "holds a run that ... does not record"
+    assert trials_of(driver) == before and driver.done()
+    dirs, _, _ = verdict_command(driver, collect(driver))
+    assert dirs and all(str(d).startswith(str(tmp_path / "there")) and d.is_dir() for d in dirs)

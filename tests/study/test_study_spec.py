@@ -61,6 +61,7 @@ def run_main(capsys, args) -> tuple[int, str]:
             ["study.edges.fraction=0.1"],  # the outer-tenth rule's key: the rule is bracketing now
             ["Could not override 'study.edges.fraction'", "its keys: tolerance"],
         ),
+        (["study.final.top_k=5"], ["study.final.top_k=5 is more than the 4 search trials of arm adamw"]),
         (["study.baseline=sgd"], ["study.baseline='sgd' is not an arm (adamw, mars_adamw)"]),
         (
             ["study.final.seeds=[1,1]"],
@@ -259,3 +260,14 @@ def test_a_finished_trials_damaged_metrics_stop_the_report_in_one_line(capsys, t
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1 and lines[0].startswith(f"error: {metrics}"), err
     assert ("line 1 is not a JSON object" if damage else "is empty") in lines[0]
+
+
+def test_the_budget_counts_the_finals_that_run(tmp_path):
+    """An arm with nothing searched reruns its one config with each seed, whatever top_k says."""
+    from study_helpers import driver_of
+
+    study = study_of(tmp_path / "s", **{"final.top_k": 2, "arms.mars_adamw.search": {}})
+    lines = driver_of(study).budget_lines()
+    assert "finals: top 2 x seeds [1, 2]; 8 runs" in lines[0]  # adamw: 4 search trials + 2 configs x 2 seeds
+    assert "0 search trials over nothing searched; finals: top 1 x seeds [1, 2]; 2 runs" in lines[1]
+    assert lines[-1].startswith("budget: 10 runs")

@@ -174,9 +174,10 @@ def group_defaults(name: str) -> dict[str, Any]:
     return defaults
 
 
-def prepare_command(cfg: DataConfig) -> str:
-    """The ``scripts/prepare_data.py`` command line that prepares exactly ``cfg``'s dataset."""
-    cfg = as_data_config(cfg)
+def prepare_command(cfg: DataConfig, **changes: Any) -> str:
+    """The ``scripts/prepare_data.py`` command line that prepares exactly ``cfg``'s dataset (with the data
+    keys in ``changes`` set instead, e.g. dir="NEW_NAME", each once)."""
+    cfg = dataclasses.replace(as_data_config(cfg), **changes)
     defaults = group_defaults(cfg.name)
     group = f"data={cfg.name}" if _group_file(cfg.name) else f"data.name={_hydra_value(cfg.name)}"
     from mars.data.registry import find_source

@@ -284,6 +284,12 @@ def ensure_prepared(cfg: DataConfig) -> Path:
             if (out / PROGRESS).is_file()
             else ""
         )
+        if cfg.name == "local" and not cfg.paths:  # the command would stop there: say what it needs
+            command = prepare_command(cfg, paths=("FILES",)).replace("[FILES]", "[FILES...]")
+            raise DataNotPreparedError(
+                f"{out} holds no prepared dataset ({manifest} is missing), and data.paths is empty: name "
+                f"your files and prepare them with:\n    {command}"
+            )
         raise DataNotPreparedError(
             f"{out} holds no prepared dataset: {manifest} is missing{partial}. Prepare it with:\n"
             f"    {prepare_command(cfg)}"
@@ -296,7 +302,7 @@ def ensure_prepared(cfg: DataConfig) -> Path:
             f"{manifest}: {out} was prepared from other documents than the config asks for "
             f"({'; '.join(diffs)}). "
             f"Pass the settings it was prepared with, or prepare into another directory: "
-            f"{prepare_command(cfg)} data.dir=NEW_NAME"
+            f"{prepare_command(cfg, dir='NEW_NAME')}"
         )
     sizes = config_differences(recorded, wanted, SIZE_KEYS)
     if sizes:

@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         study = check_spec(compose_spec(overrides))
         driver = Driver(study, say=_say)
-        driver.prepare(data="--dry-run" not in flags and "--report" not in flags)
+        dry = "--dry-run" in flags
+        driver.prepare(data=not dry and "--report" not in flags, check_data=dry)
     except (StudyError, PluginError) as e:
         fail(str(e), EXIT_USAGE)
     for line in driver.budget_lines():

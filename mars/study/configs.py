@@ -130,23 +130,43 @@ def valid(study: Study, arm: Arm, key: str, value: Any) -> str | None:
     return None
 
 
-def prepare_data(configs: list[ArmConfig]) -> None:
-    """Prepare each distinct dataset once, before trials start several at a time."""
+def prepare_data(configs: list[ArmConfig], write: bool = True) -> None:
+    """Prepare each distinct dataset once, before trials start several at a time; write=False (a dry
+    run): only check that each is prepared, or can be (mars.data.prepare.check_ready), writing nothing."""
+    from omegaconf import OmegaConf
+
     from mars.data import ensure_prepared
     from mars.data.errors import DataError
+    from mars.data.prepare import check_ready
 
     done: set[str] = set()
     for c in configs:
-        from omegaconf import OmegaConf
-
         text = OmegaConf.to_yaml(c.data)
         if text in done:
             continue
         done.add(text)
         try:
-            ensure_prepared(c.data)
+            (ensure_prepared if write else check_ready)(c.data)
         except DataError as e:
-            raise StudyError(str(e)) from None
+            raise StudyError(" ".join(str(e).split())) from None
+
+
+def check_metric_key(key: str) -> None:
+    """study.metric.key is a key some run logs (mars.train.metrics.can_log: the trainer's keys and the
+    registered metrics'), found before any trial trains rather than after the first one has."""
+    import difflib
+
+    from mars.train.metrics import TRAINER_FAMILIES, TRAINER_KEYS, can_log
+
+    if can_log(key):
+        return
+    keys = [k for k in TRAINER_KEYS if k not in ("step", "tokens", "time")]
+    close = difflib.get_close_matches(key, keys, n=1)
+    raise StudyError(
+        f"study.metric.key={key!r} is a key no run logs"
+        f"{f' (did you mean {close[0]}?)' if close else ''}: runs log {', '.join(keys)}, "
+        f"{', '.join(f + 'KEY' for f in TRAINER_FAMILIES)} and the metrics plugins register"
+    )
 
 
 def study_dir_ok(path: Path) -> None:

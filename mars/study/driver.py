@@ -37,7 +37,15 @@ from pathlib import Path
 import yaml
 
 from mars.study import budgets as ladder
-from mars.study.configs import ArmConfig, check_arm, check_sizes, prepare_data, study_dir_ok, valid
+from mars.study.configs import (
+    ArmConfig,
+    check_arm,
+    check_metric_key,
+    check_sizes,
+    prepare_data,
+    study_dir_ok,
+    valid,
+)
 from mars.study.errors import StudyError
 from mars.study.extend import Round, edges_of, points_of, widen
 from mars.study.preflight import SPEC_FILE, check_dirs, check_spec_file, check_storage_spec
@@ -97,7 +105,9 @@ class Driver:
 
     # ------------------------------------------------------------------ checks (nothing runs)
 
-    def prepare(self, data: bool = True) -> None:
+    def prepare(self, data: bool = True, check_data: bool = False) -> None:
+        """Every check (nothing runs); data: prepare each arm's dataset, check_data (a dry run): only check
+        that it is prepared or can be, writing nothing."""
         from mars.analysis.errors import AnalysisError
         from mars.analysis.metric import metric_of
         from mars.study.launchers import make_launcher
@@ -108,7 +118,8 @@ class Driver:
             self.metric = metric_of(s.spec["metric"]["key"], s.spec["metric"]["direction"])
         except AnalysisError as e:
             raise StudyError(f"study.metric: {e}") from None
-        self.configs = {arm.name: check_arm(s, arm) for arm in s.arms}
+        self.configs = {arm.name: check_arm(s, arm) for arm in s.arms}  # (loads the plugins' metrics)
+        check_metric_key(s.spec["metric"]["key"])
         self.sizes = self._check_sizes()
         check_spec_file(s)
         self.storage = open_storage(s.storage, create=False)  # a new SQLite file is made by run() alone
@@ -118,8 +129,8 @@ class Driver:
         )
         if self.launcher is None:
             self.launcher = make_launcher(s)
-        if data:
-            prepare_data(list(self.configs.values()))
+        if data or check_data:
+            prepare_data(list(self.configs.values()), write=data)
 
     def _check_sizes(self) -> list[ladder.Size]:
         """Every arm's sizes, which must agree (the same budgets in steps and fork points: the arms pair)."""

@@ -62,6 +62,10 @@ def run_main(capsys, args) -> tuple[int, str]:
             ["Could not override 'study.edges.fraction'", "its keys: tolerance"],
         ),
         (["study.final.top_k=5"], ["study.final.top_k=5 is more than the 4 search trials of arm adamw"]),
+        (
+            ["study.metric.key=val/los"],
+            ["study.metric.key='val/los' is a key no run logs (did you mean val/loss?)"],
+        ),
         (["study.baseline=sgd"], ["study.baseline='sgd' is not an arm (adamw, mars_adamw)"]),
         (
             ["study.final.seeds=[1,1]"],
@@ -271,3 +275,29 @@ def test_the_budget_counts_the_finals_that_run(tmp_path):
     assert "finals: top 2 x seeds [1, 2]; 8 runs" in lines[0]  # adamw: 4 search trials + 2 configs x 2 seeds
     assert "0 search trials over nothing searched; finals: top 1 x seeds [1, 2]; 2 runs" in lines[1]
     assert lines[-1].startswith("budget: 10 runs")
+
+
+def test_a_metric_key_a_plugin_registers_is_taken(monkeypatch):
+    from mars.study.configs import check_metric_key
+    from mars.train import metrics
+
+    monkeypatch.setitem(metrics._REGISTERED, "weights", lambda model, optimizer: {"norm": 1.0})
+    check_metric_key("weights/norm")
+    check_metric_key("downstream/hellaswag/acc")
+    with pytest.raises(StudyError, match="'weight/norm' is a key no run logs"):
+        check_metric_key("weight/norm")
+
+
+def test_a_dry_run_checks_the_data_the_trials_will_read(capsys, tmp_path):
+    study_dir = tmp_path / "s"
+    args = [
+        "study=smoke",
+        f"study.dir={study_dir}",
+        "data=local",
+        f"data.root={tmp_path / 'data'}",
+        "data.dir=mine",
+    ]
+    code, err = run_main(capsys, [*args, "--dry-run"])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "holds no prepared dataset" in lines[0], err
+    assert "data.paths is empty" in lines[0] and not study_dir.exists() and not (tmp_path / "data").exists()

@@ -179,6 +179,8 @@ def check_init(cfg: Any) -> Path:
     value = str(cfg.train.init_from)
     path = Path(value).expanduser()
     if is_hf_dir(path):
+        hf_config, _ = _hf_config_and_adapter(path)
+        check_hf_weights(path, hf_config)
         _refuse_model("train.init_from", value, path / HF_CONFIG, model_differences(
             hf_model_config(path), cfg.model
         ))  # fmt: skip
@@ -220,22 +222,119 @@ def _weights(path: Path, wanted) -> Iterator[Any]:
     """The tensors of an HF directory's weights file whose names pass `wanted`, read one at a time
     (safetensors: only those; pytorch_model.bin: memory-mapped where its format allows, and always
     with weights_only=True, so no code in it runs)."""
-    import torch
-
     single = path / HF_WEIGHTS[0]
     if single.is_file():
-        from safetensors import safe_open
+        with _readable(path, single):
+            from safetensors import safe_open
 
-        with safe_open(str(single), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                if wanted(name):
-                    yield f.get_tensor(name)
+            with safe_open(str(single), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                    if wanted(name):
+                        yield f.get_tensor(name)
         return
+    yield from (t for name, t in _state_dict(path).items() if wanted(name))
+
+
+def _state_dict(path: Path) -> dict:
+    """pytorch_model.bin, loaded with torch.load(weights_only=True) (memory-mapped where its format
+    allows): a file holding more than tensors, or a damaged one, is one line."""
+    import pickle
+
+    import torch
+
+    file = path / HF_WEIGHTS[1]
     try:
-        state = torch.load(path / HF_WEIGHTS[1], map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
-        state = torch.load(path / HF_WEIGHTS[1], map_location="cpu", weights_only=True)
-    yield from (t for name, t in state.items() if wanted(name))
+        with _readable(path, file):
+            try:
+                return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
+                return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: {file} holds Python objects besides tensors, which a weights-only load "
+            "refuses (nothing in it was run): give the model as model.safetensors, saved where it is "
+            "trusted"
+        ) from None
+
+
+@contextmanager
+def _readable(path: Path, file: Path):
+    """A weights file that cannot be read (cut short, damaged) as one line naming it."""
+    try:
+        yield
+    except ckpt.CheckpointError:
+        raise
+    except (OSError, RuntimeError, ValueError, EOFError) as e:
+        first = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: {file} cannot be read ({first}): it is cut short or damaged; copy, "
+            "download or export it again"
+        ) from None
+    except Exception as e:  # safetensors' own error type
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: {file} cannot be read ({' '.join(str(e).split())[:200]}): it is cut "
+            "short or damaged; copy, download or export it again"
+        ) from None
+
+
+def _weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """name -> shape of each tensor in an HF directory's weights (safetensors: read from its header)."""
+    single = path / HF_WEIGHTS[0]
+    if single.is_file():
+        with _readable(path, single):
+            from safetensors import safe_open
+
+            with safe_open(str(single), framework="pt") as f:
+                return {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}  # noqa: SIM118
+    return {n: tuple(t.shape) for n, t in _state_dict(path).items() if hasattr(t, "shape")}
+
+
+BUFFERS = ("attn.bias", "attn.masked_bias", "rotary_emb.inv_freq")  # older checkpoints store these
+
+
+def check_hf_weights(path: Path, hf_config) -> None:
+    """The weights of an HF directory hold the model its config.json describes: every tensor, of its
+    shape (a config.json of another model, or weights of another, would train something else or fail
+    after the run dir was made). Checked from the file's header, on transformers' meta-device model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config)
+    except (ValueError, KeyError):  # a model type transformers does not build: its adapter checks it
+        return
+    prefix = f"{model.base_model_prefix}."
+
+    def plain(name: str) -> str:  # checkpoints are saved with and without the base model's prefix
+        return name[len(prefix) :] if name.startswith(prefix) else name
+
+    tied = getattr(model, "_tied_weights_keys", None) or ()
+    optional = {plain(n) for n in tied} if getattr(hf_config, "tie_word_embeddings", False) else set()
+    want = {plain(n): tuple(t.shape) for n, t in model.state_dict().items()}
+    got = {plain(n): s for n, s in _weight_shapes(path).items()}
+    file = next(path / w for w in HF_WEIGHTS if (path / w).is_file())
+    for name, shape in want.items():
+        if name in got and got[name] != shape:
+            raise ckpt.CheckpointError(
+                f"train.init_from={path}: {file} does not hold the model {path / HF_CONFIG} describes: "
+                f"{name} has shape {list(got[name])} there, {list(shape)} by config.json; put the "
+                "config.json of these weights next to them"
+            )
+    missing = [n for n in want if n not in got and n not in optional]
+    extra = [n for n in got if n not in want and not n.endswith(BUFFERS)]
+    if missing or extra:
+        what = "; ".join(
+            f"{label} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+            for label, names in (("lacks", missing), ("has tensors the model lacks:", extra))
+            if names
+        )
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: {file} does not hold the model {path / HF_CONFIG} describes ({what}); "
+            "put the config.json of these weights next to them"
+        )
 
 
 def hf_model_config(path: Path):

@@ -341,3 +341,56 @@ def test_reports_and_plots_show_a_forks_lineage(monkeypatch, capsys, tmp_path, d
     figure = curves_figure(runs)
     # per run: its own curve, the parent's up to the fork and the fork mark (train loss, tokens axis)
     assert len(figure.axes[0].lines) == 3 * len(runs)
+
+
+class _Payload:
+    """What a hostile pytorch_model.bin may hold: unpickling it would run print."""
+
+    def __reduce__(self):
+        return (print, ("UNPICKLED AND RAN",))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "other weights", "other config", "pickled code"])
+def test_an_hf_dir_whose_weights_cannot_be_what_it_says_is_one_line_before_the_run_dir(
+    monkeypatch, capsys, data_root, tmp_path, damage
+):
+    """Weights cut short, weights of another model, a config.json of another model, or a weights file
+    holding more than tensors: one line naming the file, before Hydra makes the run dir, nothing run."""
+    import transformers
+
+    source = hf_dir("gpt2", tmp_path / "hf")
+    weights = source / "model.safetensors"
+    if damage == "cut short":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "other weights":  # a 2-layer model's weights under the 1-layer config.json
+        config = transformers.AutoConfig.from_pretrained(source)
+        config.n_layer = 2
+        transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "two")
+        shutil.copy(tmp_path / "two" / "model.safetensors", weights)
+    elif damage == "other config":
+        config = json.loads((source / "config.json").read_text())
+        (source / "config.json").write_text(json.dumps({**config, "n_embd": 64}))
+    else:
+        weights.unlink()
+        torch.save({"transformer.wte.weight": _Payload()}, source / "pytorch_model.bin")
+    capsys.readouterr()  # transformers' own progress bars while the directory was written
+    run_dir = tmp_path / "run"
+    args = [
+        *tiny_overrides(data_root, max_steps=2),
+        "model.bias=true",
+        "model.n_embd=64" if damage == "other config" else "model.n_embd=32",
+    ]
+    code, out, err = run_cli(
+        monkeypatch, capsys, [*args, f"train.init_from={source}", f"hydra.run.dir={run_dir}"]
+    )
+    assert code == 1, err
+    file = source / ("pytorch_model.bin" if damage == "pickled code" else "model.safetensors")
+    fragment = {
+        "cut short": "cannot be read",
+        "other weights": "does not hold the model",
+        "other config": "wte.weight has shape [50304, 32] there, [50304, 64] by config.json",
+        "pickled code": "holds Python objects besides tensors",
+    }[damage]
+    assert_one_line(err, f"train.init_from={source}: {file}", fragment)
+    assert "weights_only=False" not in err and "UNPICKLED AND RAN" not in out + err
+    assert not run_dir.exists()

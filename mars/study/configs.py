@@ -10,6 +10,7 @@ before anything runs. `valid` asks the same of one value (auto_extend asks it be
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,9 @@ def check_arm(study: Study, arm: Arm) -> ArmConfig:
     except ConfigError as e:
         raise StudyError(f"{where}.overrides (with study.base): {e}") from None
     name = str(cfg.optimizer.name)
-    keys = registered(name).config.keys() if name in optimizer_names() else None
+    keys = (
+        [f.name for f in dataclasses.fields(registered(name).config)] if name in optimizer_names() else None
+    )
     for key, dist in arm.space.items():
         field_name = key.split(".", 1)[1] if key.startswith("optimizer.") else None
         if keys is not None and field_name is not None and field_name not in keys:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -34,9 +35,11 @@ from mars.study.trials import LAUNCH_LOG, Job
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child before exec
+def _die_with_parent(parent: int) -> None:  # runs in the child before exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the driver died before the line above: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def child_env() -> dict[str, str]:
@@ -117,7 +120,9 @@ class LocalLauncher:
         command = self.command_line(job)
         log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
         log.flush()
-        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        preexec = (
+            functools.partial(_die_with_parent, os.getpid()) if sys.platform.startswith("linux") else None
+        )
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec)
         return LocalHandle(proc, job.run_dir / LAUNCH_LOG, stack)
 

@@ -388,12 +388,26 @@ def init_weights(model, source: str) -> None:
     if not is_hf_dir(path):
         ckpt.load_model_state(model, source_checkpoint("train.init_from", source))
         return
+    import logging
+
     import torch
 
-    state = load_hf(path).state_dict()
+    imported = load_hf(path)
+    state = imported.state_dict()
+    inner = unwrap_model(model)
     with torch.no_grad():
-        for name, param in unwrap_model(model).state_dict(keep_vars=True).items():
+        for name, param in inner.state_dict(keep_vars=True).items():
             copy_full_(param, state[name])
+    live = getattr(imported.config, "live_vocab_size", None)
+    if hasattr(inner.config, "live_vocab_size"):  # rows the source lacks: out of the softmax, as there
+        inner.config.live_vocab_size = live
+    if live is not None:
+        vocab = inner.config.vocab_size
+        logging.getLogger("mars.train").info(
+            f"train.init_from={path}: its {live} vocabulary rows fill model.vocab_size={vocab}; the "
+            f"{vocab - live} rows it lacks are masked out of the softmax (model.live_vocab_size={live} in "
+            "the checkpoints' model.json)"
+        )
 
 
 def check_source(cfg: Any, run_dir: Path | None, world_size: int) -> None:

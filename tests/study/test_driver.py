@@ -111,8 +111,8 @@ def test_an_adopted_trial_waits_until_its_old_process_let_go_of_the_run_dir(tmp_
     def old_process():  # still saving its checkpoint when the study is rerun
         with runlock.hold(run_dir):
             holding.set()
-            time.sleep(0.5)
-            released.append(time.time())
+            time.sleep(0.5)  # (how long it saves, not a synchronisation)
+            released.append(time.time())  # taken before it lets go: the driver may start in the same instant
 
     holder = threading.Thread(target=old_process)
     holder.start()

@@ -131,15 +131,14 @@ def test_two_drivers_in_two_processes_share_a_study_through_postgres(tmp_path, s
     assert trials_of(driver_of(on_postgres)) == trials_of(run_fake(study_of(tmp_path / "sqlite")))
 
 
-def test_a_login_the_server_refuses_is_one_line_without_the_password(tmp_path, server):
+def test_a_login_the_server_refuses_is_one_line_without_the_password(server):
+    """(The command line prints a StudyError as its one line: tests/study/test_study_spec.py.)"""
+    from mars.study.errors import StudyError
+    from mars.study.storage import open_storage
+
     host, port = server
-    url = f"postgresql://{USER}:wrong-{PASSWORD}@{host}:{port}/study"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "study.py"), "study=smoke", f"study.dir={tmp_path / 's'}",
-         f"study.storage={url}", "--dry-run"],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert f"the server at {host}:{port} refused user 'mars'" in lines[0] and PASSWORD not in proc.stderr
-    assert "mars:***@" in lines[0]
+    with pytest.raises(StudyError) as e:
+        open_storage(f"postgresql://{USER}:wrong-{PASSWORD}@{host}:{port}/study")
+    line = str(e.value)
+    assert "\n" not in line and PASSWORD not in line and f"study.storage=postgresql://{USER}:***@" in line
+    assert f"the server at {host}:{port} refused user 'mars'" in line

@@ -258,12 +258,23 @@ class DriverLock:
         self._thread: threading.Thread | None = None
 
     def acquire(self, storage, study: str) -> None:
-        """Register this driver in the storage of `study` and start its heartbeat."""
-        from sqlalchemy import func, insert
+        """Register this driver in the storage of `study` (dropping the rows of this machine's drivers
+        that were killed) and start its heartbeat."""
+        from sqlalchemy import delete, func, insert, select
         from sqlalchemy.exc import IntegrityError
 
         self.engine, self.study = storage.engine, study
         with self.engine.begin() as c:
+            here = c.execute(
+                select(DRIVER_ROWS.c.driver, DRIVER_ROWS.c.pid).where(
+                    DRIVER_ROWS.c.study == study, DRIVER_ROWS.c.host == self.host
+                )
+            ).all()
+            gone = [d for d, pid in here if not _pid_running(pid)]  # killed drivers of this machine
+            if gone:
+                c.execute(
+                    delete(DRIVER_ROWS).where(DRIVER_ROWS.c.study == study, DRIVER_ROWS.c.driver.in_(gone))
+                )
             c.execute(
                 insert(DRIVER_ROWS).values(
                     study=study, driver=self.id, host=self.host, pid=os.getpid(), beat=func.now()

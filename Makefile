@@ -7,9 +7,16 @@ TORCH_VERSION ?= 2.13.0
 
 # CPU torch where no CUDA driver is present: a pinned version resolves to the CPU wheel here,
 # an unpinned `torch` would pull the multi-GB CUDA build.
+# The postgres extra (psycopg) and, where apt-get can install it, the PostgreSQL server: the slow suite
+# starts one to run a study's drivers against it (tests/study/test_postgres.py; skipped without it).
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_VERSION)"
-	@$(PIP) install -q -e ".[dev]"
+	@$(PIP) install -q -e ".[dev,postgres]"
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+		|| [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
+		|| apt-get install -y -qq postgresql >/dev/null 2>&1 \
+		|| (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq postgresql >/dev/null 2>&1) \
+		|| echo "note: apt-get could not install postgresql; tests/study/test_postgres.py will be skipped"
 
 train: install
 	$(PYTHON) train.py $(ARGS)

@@ -284,3 +284,48 @@ def test_train_py_stops_on_a_plugin_that_cannot_work_in_one_line(
         err
     )
     assert not (fresh / "run").exists() and not (fresh / "data").exists()
+
+
+def test_a_plain_dataclass_optimizer_config_works_in_train_py_and_a_study(
+    fresh, registries, monkeypatch, capsys
+):
+    """A plugin's config as the registry asks for it at the least: a plain dataclass, `name` first, with
+    `def validate(self): pass` (no max_steps, no keys() of OptimizerConfig): train.py's checks and a
+    study's search over its keys take it, instead of a late TypeError or AttributeError."""
+    from mars.study.cli import main
+    from mars.train.cli import precheck
+    from mars.train.config import register_configs
+
+    (fresh / "plugin_a.py").write_text(
+        """
+import dataclasses
+import torch
+from mars.optim import register
+
+@dataclasses.dataclass
+class SGDConfig:
+    name: str = "my_sgd"
+    lr: float = 0.1
+    momentum: float = 0.0
+
+    def validate(self):
+        pass
+
+def sgd(params, lr=0.1, momentum=0.0):
+    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+register("my_sgd", SGDConfig, sgd, grouping="decay")
+"""
+    )
+    monkeypatch.setenv(plugins.ENV, "plugin_a")
+    register_configs()  # (train.py's main does it first)
+    assert precheck(["optimizer=my_sgd", f"hydra.run.dir={fresh / 'run'}"]).cfg.optimizer.name == "my_sgd"
+    search = "+study.arms.adamw.search.optimizer.momentum={dist:uniform,lo:0,hi:0.9}"
+    args = [
+        "study=smoke",
+        f"study.dir={fresh / 's'}",
+        'study.arms.adamw.overrides=["optimizer=my_sgd"]',
+        search,
+    ]
+    main([*args, "--dry-run"])  # (a refusal would exit)
+    assert "dry run: every check passed" in capsys.readouterr().out

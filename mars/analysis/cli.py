@@ -92,8 +92,8 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
     p.add_argument(
         "--edges",
         action="store_true",
-        help="also check each optimizer's best setting against the bounds of what was swept "
-        "(mars.analysis.edges): a best value at the lowest or highest swept value is named",
+        help="also check that each optimizer's best setting is bracketed by what was swept "
+        "(mars.analysis.edges): a best value with no worse setting below or above it is named",
     )
     args = p.parse_args(argv)
     if (status := _plugins_failed()) is not None:
@@ -141,7 +141,7 @@ def _edge_lines(roots: Sequence[Path], metric) -> list[str]:
 
     edges, checked = sweep_edges(load_runs(list(roots)), metric)
     found = [f"edge: {e.line()}" for e in edges]
-    return checked + (found or ["no best setting sits at a bound of what was swept"])
+    return checked + (found or ["every best setting is bracketed: a worse setting swept on each side of it"])
 
 
 def summarize_main(argv: Sequence[str] | None = None, description: str | None = None) -> int:

@@ -20,6 +20,7 @@ from mars.analysis.metric import Metric, metric_of
 from mars.analysis.paper import PAPER_BEST_VAL, PAPER_TOKENS
 from mars.analysis.runs import Run
 from mars.analysis.stats import Band
+from mars.files import write_atomic
 
 DPI = 150
 
@@ -94,8 +95,10 @@ def save(fig, out: Path, pdf: bool = True) -> list[Path]:
     """PNG (and a PDF next to it for papers), tight bounding box so the outside legend is kept."""
     out.parent.mkdir(parents=True, exist_ok=True)
     written = [out, out.with_suffix(".pdf")] if pdf else [out]
-    for path in written:
-        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    for path in written:  # each replaced in one step: drivers of one study may write its report at once
+        write_atomic(
+            path, lambda tmp, fmt=path.suffix[1:]: fig.savefig(tmp, format=fmt, dpi=DPI, bbox_inches="tight")
+        )
     pyplot().close(fig)
     return written
 

@@ -61,6 +61,7 @@ from mars.analysis.stats import (
     mean_std,
     tokens_to_target,
 )
+from mars.files import write_atomic
 from mars.metrics_jsonl import jsonable
 
 
@@ -676,8 +677,8 @@ def write_report(report: Report, out: Path, sections: Sequence[tuple[str, Sequen
     if len(report.columns) == 2:
         figures += _heatmap(report, out / "report_heatmap.png")
     md, js = out / "report.md", out / "report.json"
-    md.write_text(render_markdown(report, [f for f in figures if f.suffix == ".png"], sections))
-    js.write_text(json.dumps(to_json(report), indent=2) + "\n")
+    write_atomic(md, render_markdown(report, [f for f in figures if f.suffix == ".png"], sections))
+    write_atomic(js, json.dumps(to_json(report), indent=2) + "\n")
     return [md, js, *figures]
 
 

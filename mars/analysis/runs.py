@@ -134,26 +134,38 @@ class Run:
     lineage: dict | None = None  # RUN_DIR/lineage.json: the run forked from or began with another's weights
 
     def lineage_line(self) -> str | None:
-        """ "RUN: fork of PARENT_RUN_DIR at step N" (or "weights of SOURCE"), None for a run of its own."""
+        """ "RUN: fork of PARENT_RUN_DIR at step N" (or "weights of SOURCE"), with what the parent's hash
+        says if it was replaced or changed since; None for a run of its own."""
         info = self.lineage
         if not info:
             return None
         if info.get("kind") == "fork":
-            return f"{self.path}: fork of {info.get('parent_run_dir')} at step {info.get('step')}"
-        return f"{self.path}: initial weights of {info.get('parent_checkpoint')}"
+            line = f"{self.path}: fork of {info.get('parent_run_dir')} at step {info.get('step')}"
+        else:
+            line = f"{self.path}: initial weights of {info.get('parent_checkpoint')}"
+        note = self.parent.note if self.parent is not None else ""
+        return f"{line} ({note})" if note else line
+
+    @cached_property
+    def parent(self):
+        """Where the run's parent is now (mars.train.lineage.locate_parent); None for a run of its own."""
+        from mars.train.lineage import locate_parent
+
+        return locate_parent(self.lineage) if self.lineage else None
 
     def parent_points(self, key: str) -> list[tuple[float, float, float]]:
         """A fork's parent's (tokens, seconds, value) of a metric up to the step it forked at (its own
-        metrics.jsonl holds only the steps after it); [] for other runs or a parent that is gone."""
+        metrics.jsonl holds only the steps after it), read where the parent's checksum hash finds it; []
+        for other runs, or a parent that is gone, replaced or changed."""
         info = self.lineage or {}
-        parent = Path(str(info.get("parent_run_dir") or ""))
-        if info.get("kind") != "fork" or not (parent / METRICS).is_file():
+        parent = self.parent.run_dir if self.parent is not None else None
+        if info.get("kind") != "fork" or parent is None or not (parent / METRICS).is_file():
             return []
         try:
             run = load_run(parent)
         except AnalysisError:
             return []
-        step = float(info.get("step", 0))
+        step = float(info["step"])
         return [(p.tokens, p.seconds, p.value) for p in run.metrics.get(key, ()) if p.step <= step]
 
     @cached_property
@@ -214,9 +226,15 @@ def load_run(path: Path, sweep: Path | None = None, with_metrics: bool = True) -
         overrides=overrides,
         choices=read_choices(path),
     )
-    from mars.train.lineage import read_lineage
+    from mars.train.lineage import LINEAGE_FILE, read_lineage
 
     run.lineage = read_lineage(path)
+    step = (run.lineage or {}).get("step", 0)
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise AnalysisError(
+            f'{path / LINEAGE_FILE}: "step" is {step!r}, not a step number (the file was edited or damaged): '
+            "repair it (the parent's step the run began after) or delete it (the run then shows no parent)"
+        )
     metrics = path / METRICS
     run.has_metrics = metrics.is_file()
     if not run.has_metrics or not with_metrics:

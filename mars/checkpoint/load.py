@@ -103,6 +103,7 @@ def load_model_state(model: torch.nn.Module, step_dir: str | os.PathLike) -> Non
     """Load a checkpoint's weights into `model` (plain or FSDP2-sharded), from either format.
     Collective when the checkpoint is sharded and torch.distributed is initialised."""
     step_dir = Path(step_dir)
+    _keep_masked_rows(model, step_dir)
     if checkpoint_format(step_dir) == "full":
         load_weights(model, step_dir)
         return
@@ -119,6 +120,17 @@ def load_model_state(model: torch.nn.Module, step_dir: str | os.PathLike) -> Non
             "resume from an earlier checkpoint"
         )
     inner.load_state_dict(state, strict=True)
+
+
+def _keep_masked_rows(model: torch.nn.Module, step_dir: Path) -> None:
+    """The checkpoint's vocabulary rows out of the softmax (GPT-2's model.live_vocab_size: a run begun
+    from a model with fewer rows masks the padding) stay out, whatever the loading config says: they are
+    part of the function the weights compute, as the weights are."""
+    inner = unwrap_model(model)
+    if hasattr(inner.config, "live_vocab_size"):
+        inner.config.live_vocab_size = getattr(
+            read_model_config(step_dir / MODEL_CONFIG), "live_vocab_size", None
+        )
 
 
 def _finite(t: torch.Tensor) -> bool:

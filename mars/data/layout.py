@@ -26,7 +26,7 @@ from typing import Any
 
 from mars.data.config import GPT2_TOKENIZER as GPT2
 from mars.data.config import DataConfig
-from mars.data.errors import ManifestError, SourceError
+from mars.data.errors import DataError, ManifestError, SourceError
 from mars.entry import hydra_value as _hydra_value
 from mars.files import project_root, write_atomic
 
@@ -174,9 +174,10 @@ def group_defaults(name: str) -> dict[str, Any]:
     return defaults
 
 
-def prepare_command(cfg: DataConfig) -> str:
-    """The ``scripts/prepare_data.py`` command line that prepares exactly ``cfg``'s dataset."""
-    cfg = as_data_config(cfg)
+def prepare_command(cfg: DataConfig, **changes: Any) -> str:
+    """The ``scripts/prepare_data.py`` command line that prepares exactly ``cfg``'s dataset (with the data
+    keys in ``changes`` set instead, e.g. dir="NEW_NAME", each once)."""
+    cfg = dataclasses.replace(as_data_config(cfg), **changes)
     defaults = group_defaults(cfg.name)
     group = f"data={cfg.name}" if _group_file(cfg.name) else f"data.name={_hydra_value(cfg.name)}"
     from mars.data.registry import find_source
@@ -224,6 +225,45 @@ def dir_lock(directory: Path):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+READERS_LOCK = ".readers.lock"  # held shared by every run that trains on the dataset (mars.data.shards)
+
+
+def read_lock(directory: Path) -> int | None:
+    """A shared lock on ``directory``'s readers' lock, held by a training run while it reads the dataset
+    (released when the returned descriptor is closed, or the process ends however it ends); None where
+    the directory cannot take one (read-only: it cannot be re-split there either). DataError while a
+    re-split rewrites the dataset."""
+    try:
+        fd = os.open(directory / READERS_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataError(
+            f"{directory} is being prepared again (resplit=true) right now: start the run when that is done"
+        ) from None
+    return fd
+
+
+@contextlib.contextmanager
+def rewrite_lock(directory: Path):
+    """The readers' lock held exclusively for the block: a dataset a live run reads is not rewritten."""
+    fd = os.open(directory / READERS_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(
+                f"resplit=true: {directory} is being read by a live training run: re-split it once no run "
+                "reads it (a run resumed on it afterwards is refused, since its documents change)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def clear(directory: Path) -> None:

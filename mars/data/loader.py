@@ -105,7 +105,12 @@ class BatchLoader:
         seed: int = 0,
         sequential: bool = False,
         device: str | torch.device = "cpu",
+        dataset: tuple[str, str] | None = None,
     ):
+        """dataset: (its directory, TokenDataset.train_digest): the digest is kept in the state so that a
+        resume on a dataset prepared again since (re-split, rebuilt) is refused instead of silently
+        reading other documents."""
+        self.dataset_dir, self.dataset = dataset or (None, None)
         if block_size < 1 or micro_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise DataError(
                 f"invalid loader shape: block_size={block_size}, micro_batch_size={micro_batch_size}, "
@@ -181,10 +186,18 @@ class BatchLoader:
             "global_batch_size": self.global_batch_size,
             "sequential": self.sequential,
             "num_windows": self.num_windows,
+            "dataset": self.dataset,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the seed and step; refuse a state whose batches this loader could not reproduce."""
+        if state.get("dataset") and self.dataset and state["dataset"] != self.dataset:  # older: none saved
+            raise DataError(
+                f"cannot resume the data loader: {self.dataset_dir} was prepared again since the checkpoint "
+                "(re-split with resplit=true, or rebuilt), so the resumed run would train on other "
+                "documents; restore the dataset as it was, or start a new run from the checkpoint's weights "
+                "(train.init_from)"
+            )
         for key in ("block_size", "global_batch_size", "sequential", "num_windows"):
             if state.get(key) != getattr(self, key):
                 raise DataError(

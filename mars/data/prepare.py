@@ -27,6 +27,7 @@ from mars.data.layout import (
     prepare_command,
     read_json,
     requested_config,
+    rewrite_lock,
 )
 from mars.data.writer import repair_shards, summary, write_shards
 from mars.files import nearest_existing, try_create_dir_in
@@ -153,7 +154,16 @@ def prepare(cfg: DataConfig, *, progress_bar: bool = True, resplit: bool = False
     """
     cfg = as_data_config(cfg)
     out = dataset_dir(cfg)
+    if resplit and prepared_on_first_use(cfg):
+        raise DataError(
+            f"resplit=true: the {cfg.name} corpus is never split again (its documents are shuffled, then "
+            "the first data.val_tokens tokens held out, the same for every run that shares it): drop "
+            "resplit=true"
+        )
     try:
+        if resplit and (out / MANIFEST).is_file():
+            with rewrite_lock(out):  # not under a live run that reads it
+                return _prepare(cfg, out, progress_bar, resplit)
         return _prepare(cfg, out, progress_bar, resplit)
     except OSError as e:
         raise _os_error(e, out) from e
@@ -284,6 +294,12 @@ def ensure_prepared(cfg: DataConfig) -> Path:
             if (out / PROGRESS).is_file()
             else ""
         )
+        if cfg.name == "local" and not cfg.paths:  # the command would stop there: say what it needs
+            command = prepare_command(cfg, paths=("FILES",)).replace("[FILES]", "[FILES...]")
+            raise DataNotPreparedError(
+                f"{out} holds no prepared dataset ({manifest} is missing), and data.paths is empty: name "
+                f"your files and prepare them with:\n    {command}"
+            )
         raise DataNotPreparedError(
             f"{out} holds no prepared dataset: {manifest} is missing{partial}. Prepare it with:\n"
             f"    {prepare_command(cfg)}"
@@ -296,7 +312,7 @@ def ensure_prepared(cfg: DataConfig) -> Path:
             f"{manifest}: {out} was prepared from other documents than the config asks for "
             f"({'; '.join(diffs)}). "
             f"Pass the settings it was prepared with, or prepare into another directory: "
-            f"{prepare_command(cfg)} data.dir=NEW_NAME"
+            f"{prepare_command(cfg, dir='NEW_NAME')}"
         )
     sizes = config_differences(recorded, wanted, SIZE_KEYS)
     if sizes:
@@ -304,6 +320,13 @@ def ensure_prepared(cfg: DataConfig) -> Path:
             f"{out} was prepared with other sizes ({'; '.join(sizes)}); using it as prepared", stacklevel=2
         )
     if config_differences(recorded, wanted, SPLIT_KEYS):
-        # said here, once per process: the trainer asks for the dataset three times while it starts
-        warnings.warn(split_note(out, cfg, recorded), stacklevel=1)
+        # logged (train.log has it, not only stderr), once per process and dataset: the trainer asks for
+        # the dataset three times while it starts
+        note = split_note(out, cfg, recorded)
+        if note not in _said:
+            _said.add(note)
+            log.warning(note)
     return out
+
+
+_said: set[str] = set()  # split notes logged by this process

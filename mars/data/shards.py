@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from mars.data.layout import (
     config_from_manifest,
     prepare_command,
     read_json,
+    read_lock,
 )
 from mars.data.prepare import ensure_prepared, prepare, prepared_on_first_use
 
@@ -61,6 +63,18 @@ class TokenDataset:
     @property
     def val_tokens(self) -> int:
         return sum(len(a) for a in self.val)
+
+    @property
+    def train_digest(self) -> str:
+        """Which training documents, in which order: a digest of the training shards' recorded sha256
+        (and the validation split they were cut around). A resume checks it (BatchLoader): a dataset
+        re-split (resplit=true) or rebuilt since the checkpoint would feed the run other documents."""
+        import hashlib
+        import json
+
+        shards = [e.get("sha256") for e in self.manifest["splits"]["train"]["shards"]]
+        text = json.dumps([shards, self.manifest.get("val_split")], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -172,10 +186,14 @@ def open_dataset(cfg: DataConfig, vocab_size: int = 50304) -> TokenDataset:
     cfg = as_data_config(cfg)
     directory = ensure_prepared(cfg)
     try:
-        return open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)
+        dataset = open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)
     except DamagedShardError:
         if not prepared_on_first_use(cfg):
             raise
         log.warning("the %s corpus in %s has a missing or damaged shard: rebuilding it", cfg.name, directory)
         prepare(cfg)
-        return open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)
+        dataset = open_dir(directory, vocab_size=vocab_size, verify=cfg.verify, cfg=cfg)
+    fd = read_lock(directory)  # held while its training shards are mapped: resplit=true refuses meanwhile
+    if fd is not None:
+        weakref.finalize(dataset.train[0] if dataset.train else dataset, os.close, fd)
+    return dataset

@@ -36,6 +36,10 @@ class GPTConfig:
     n_embd: int = 768
     block_size: int = 1024
     vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    # the vocabulary rows that enter the softmax (null: all vocab_size). Set by train.init_from of a model
+    # with fewer rows (a transformers GPT-2's 50257): the rows it lacks are masked out of the softmax, so
+    # the model computes what it computed there (docs/models.md, "Padded vocabulary rows")
+    live_vocab_size: int | None = None
     bias: bool = False
     dropout: float = 0.0
     scale_attn_by_inverse_layer_idx: bool = True
@@ -57,6 +61,11 @@ def validate_config(c: GPTConfig) -> None:
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
         at_least(f"model.{key}", getattr(c, key), 1)
     multiple_of("model.n_embd", c.n_embd, "model.n_head", c.n_head)
+    if c.live_vocab_size is not None and not 1 <= c.live_vocab_size <= c.vocab_size:
+        raise ValueError(
+            f"model.live_vocab_size={c.live_vocab_size} must lie in [1, model.vocab_size={c.vocab_size}] "
+            "(or be null: every row enters the softmax)"
+        )
     fraction("model.dropout", c.dropout)
     choice("model.activation", c.activation, ACTIVATIONS)
 
@@ -182,13 +191,17 @@ class GPT(CausalLM):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx, targets: int64 (B, T) token ids, T <= block_size; targets of -1 are ignored.
         Returns the logits (B, T, vocab_size) for every position, and the mean token
-        cross-entropy computed in fp32, or fp64 for a float64 model (None without targets)."""
+        cross-entropy computed in fp32, or fp64 for a float64 model (None without targets). With
+        config.live_vocab_size, the logits of the rows beyond it are -inf: out of the softmax."""
         self.check_length(idx)
         pos = torch.arange(idx.shape[1], dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
+        live = self.config.live_vocab_size
+        if live is not None and live < self.config.vocab_size:  # (lm_head's backward needs not its output)
+            logits[..., live:] = float("-inf")
         return logits, None if targets is None else token_loss(logits, targets)
 
 

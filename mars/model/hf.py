@@ -21,7 +21,7 @@ from mars.model.spec import arch, arch_names, spec_of
 def to_hf(model: nn.Module, attn_implementation: str = "sdpa", tokenizer=None):
     """The transformers model (on the model's device and dtype, same train/eval mode) holding a copy of
     our weights: it shares no storage with ``model``. ``tokenizer``: the transformers tokenizer the
-    model was trained with (its end-of-text token and real vocabulary; default GPT-2's)."""
+    model was trained with (its end-of-text token; default GPT-2's)."""
     inner = unwrap_model(model)
     return spec_of(inner).hf().to_hf(inner, attn_implementation, tokenizer)
 

@@ -6,10 +6,15 @@ Mapping (our parameter names already match Hugging Face's):
   nn.Linear (out, in) here and Conv1D (in, out) there: transposed;
 - bias=False models get all-zero biases (Hugging Face's GPT-2 always has them), which computes
   the same function; importing takes bias=True iff some bias is non-zero or the config says so;
-- vocabulary: the exported model keeps only the 50257 real GPT-2 token rows of wte/lm_head
-  (rows 50257..50303 are padding no token id maps to), so its logits over the real tokens equal
-  ours exactly; importing pads back to ``mars_vocab_size`` (stored in config.json; 50304) with
-  zero rows;
+- vocabulary: the exported model holds every row of wte/lm_head that enters our softmax: all
+  ``vocab_size`` (50304: GPT-2's 50257 tokens and the padding rows, which a run trains like any other
+  and whose logits enter the softmax), or the first ``live_vocab_size`` of a model whose other rows
+  are masked out; so its logits, softmax and loss are ours exactly. config.json keeps
+  ``mars_vocab_size`` (50304): importing a model with fewer rows (an export of a masked model, or a
+  transformers GPT-2 with its 50257) pads it to that many with zero rows and sets
+  ``live_vocab_size`` to the rows it had, so the padding is masked out of the softmax and the model
+  computes what it computed there (a zero row would have logit 0 and take probability from the
+  real tokens);
 - activation: our default tanh GELU (GPT-2's, config.activation "gelu_tanh") is exported as
   "gelu_new", the name GPT-2's own config uses; importing maps every Hugging Face spelling of the tanh
   form (gelu_new, gelu_pytorch_tanh, gelu_fast) to it, and the exact erf form ("gelu",
@@ -31,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from mars.data.tokenizer import EOT_ID, VOCAB_SIZE
+from mars.data.tokenizer import EOT_ID
 from mars.model.gpt import GPT, GPTConfig
 from mars.model.lm import unwrap_model
 
@@ -48,12 +53,12 @@ HF_ACTIVATIONS = {
 
 
 def hf_config(config: GPTConfig, attn_implementation: str = "sdpa", tokenizer=None):
-    """The transformers GPT2Config that computes what GPT(config) computes (over the real tokens of
-    ``tokenizer``, default GPT-2's)."""
+    """The transformers GPT2Config that computes what GPT(config) computes: its rows that enter the
+    softmax (``tokenizer``, default GPT-2's: its end-of-text token)."""
     from transformers import GPT2Config
 
-    real, eot = (VOCAB_SIZE, EOT_ID) if tokenizer is None else (len(tokenizer), tokenizer.eos_token_id)
-    vocab = min(config.vocab_size, real)
+    eot = EOT_ID if tokenizer is None else tokenizer.eos_token_id
+    vocab = config.live_vocab_size or config.vocab_size  # the rows that enter the softmax
     eot = eot if eot is not None and vocab > eot else None
     return GPT2Config(
         vocab_size=vocab,
@@ -153,6 +158,7 @@ def config_from_hf(hc, bias_nonzero: Callable[[], bool]) -> GPTConfig:
         n_embd=hc.n_embd,
         block_size=hc.n_positions,
         vocab_size=vocab,
+        live_vocab_size=hc.vocab_size if hc.vocab_size < vocab else None,  # the padding: out of the softmax
         bias=bool(getattr(hc, "mars_bias", False)) or bias_nonzero(),
         dropout=hc.resid_pdrop,
         scale_attn_by_inverse_layer_idx=bool(hc.scale_attn_by_inverse_layer_idx),

@@ -26,6 +26,7 @@ def _say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from mars.analysis.errors import AnalysisError
     from mars.plugins import PluginError
     from mars.study.driver import Driver, Interrupted
     from mars.study.errors import StudyError
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         study = check_spec(compose_spec(overrides))
         driver = Driver(study, say=_say)
-        driver.prepare(data="--dry-run" not in flags and "--report" not in flags)
+        dry = "--dry-run" in flags
+        driver.prepare(data=not dry and "--report" not in flags, check_data=dry)
     except (StudyError, PluginError) as e:
         fail(str(e), EXIT_USAGE)
     for line in driver.budget_lines():
@@ -67,6 +69,6 @@ def main(argv: list[str] | None = None) -> None:
         written = write_study_report(driver)
     except Interrupted as e:
         fail(str(e), EXIT_INTERRUPTED)
-    except StudyError as e:
+    except (StudyError, AnalysisError) as e:  # AnalysisError: a trial's files the report cannot read
         fail(str(e), EXIT_FAILED)
     _say("wrote " + ", ".join(str(p) for p in written if p.suffix in (".md", ".json")))

@@ -10,6 +10,7 @@ before anything runs. `valid` asks the same of one value (auto_extend asks it be
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def _compose(study: Study, arm: Arm, values: dict[str, Any], extra: tuple[str, .
     if argv not in _composed:
         try:
             _composed[argv] = precheck(
-                [*argv, f"hydra.run.dir={study.dir / 'search' / arm.name / '000'}"]
+                [*argv, f"hydra.run.dir={hydra_value(str(study.dir / 'search' / arm.name / '000'))}"]
             ).cfg
         except ConfigError as e:
             _composed[argv] = e
@@ -73,7 +74,9 @@ def check_arm(study: Study, arm: Arm) -> ArmConfig:
     except ConfigError as e:
         raise StudyError(f"{where}.overrides (with study.base): {e}") from None
     name = str(cfg.optimizer.name)
-    keys = registered(name).config.keys() if name in optimizer_names() else None
+    keys = (
+        [f.name for f in dataclasses.fields(registered(name).config)] if name in optimizer_names() else None
+    )
     for key, dist in arm.space.items():
         field_name = key.split(".", 1)[1] if key.startswith("optimizer.") else None
         if keys is not None and field_name is not None and field_name not in keys:
@@ -130,23 +133,43 @@ def valid(study: Study, arm: Arm, key: str, value: Any) -> str | None:
     return None
 
 
-def prepare_data(configs: list[ArmConfig]) -> None:
-    """Prepare each distinct dataset once, before trials start several at a time."""
+def prepare_data(configs: list[ArmConfig], write: bool = True) -> None:
+    """Prepare each distinct dataset once, before trials start several at a time; write=False (a dry
+    run): only check that each is prepared, or can be (mars.data.prepare.check_ready), writing nothing."""
+    from omegaconf import OmegaConf
+
     from mars.data import ensure_prepared
     from mars.data.errors import DataError
+    from mars.data.prepare import check_ready
 
     done: set[str] = set()
     for c in configs:
-        from omegaconf import OmegaConf
-
         text = OmegaConf.to_yaml(c.data)
         if text in done:
             continue
         done.add(text)
         try:
-            ensure_prepared(c.data)
+            (ensure_prepared if write else check_ready)(c.data)
         except DataError as e:
-            raise StudyError(str(e)) from None
+            raise StudyError(" ".join(str(e).split())) from None
+
+
+def check_metric_key(key: str) -> None:
+    """study.metric.key is a key some run logs (mars.train.metrics.can_log: the trainer's keys and the
+    registered metrics'), found before any trial trains rather than after the first one has."""
+    import difflib
+
+    from mars.train.metrics import TRAINER_FAMILIES, TRAINER_KEYS, can_log
+
+    if can_log(key):
+        return
+    keys = [k for k in TRAINER_KEYS if k not in ("step", "tokens", "time")]
+    close = difflib.get_close_matches(key, keys, n=1)
+    raise StudyError(
+        f"study.metric.key={key!r} is a key no run logs"
+        f"{f' (did you mean {close[0]}?)' if close else ''}: runs log {', '.join(keys)}, "
+        f"{', '.join(f + 'KEY' for f in TRAINER_FAMILIES)} and the metrics plugins register"
+    )
 
 
 def study_dir_ok(path: Path) -> None:

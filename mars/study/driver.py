@@ -9,8 +9,8 @@ prepare() refuses, each in one line naming the key or file and the fix: every ba
 (mars.study.configs), a storage it cannot open, a study dir or storage made by another spec (the
 differences named), run dirs the storage does not know or known trials whose run dirs are gone.
 
-run() loops: while a launcher slot is free, the next job is chosen under the study's ask lock
-(mars.study.storage), arms in turn so that they progress alike:
+run() loops: while a launcher slot is free, the next job is chosen under the study's ask lock (a row
+of the storage: mars.study.storage), arms in turn so that they progress alike:
 
 1. an orphaned trial (RUNNING, its driver dead) is adopted and rerun in its own dir with
    train.resume=auto;
@@ -37,9 +37,17 @@ from pathlib import Path
 import yaml
 
 from mars.study import budgets as ladder
-from mars.study.configs import ArmConfig, check_arm, check_sizes, prepare_data, study_dir_ok, valid
+from mars.study.configs import (
+    ArmConfig,
+    check_arm,
+    check_metric_key,
+    check_sizes,
+    prepare_data,
+    study_dir_ok,
+    valid,
+)
 from mars.study.errors import StudyError
-from mars.study.extend import Round, edges_of, widen
+from mars.study.extend import Round, edges_of, points_of, widen
 from mars.study.preflight import SPEC_FILE, check_dirs, check_spec_file, check_storage_spec
 from mars.study.records import (
     TrialRecord,
@@ -50,8 +58,8 @@ from mars.study.records import (
 )
 from mars.study.samplers import make_sampler
 from mars.study.space import distributions, draw
-from mars.study.spec import Arm, Study
-from mars.study.storage import ASK_LOCK, DriverLock, held, is_locked, open_storage
+from mars.study.spec import Arm, Study, public_spec
+from mars.study.storage import DriverLock, open_storage
 from mars.study.trials import (
     LAUNCH_LOG,
     Job,
@@ -87,7 +95,7 @@ class Driver:
         self.configs: dict[str, ArmConfig] = {}
         self.sizes: list[ladder.Size] = []  # budgets and sizes of the finals (mars.study.budgets); [] without
         self.storage = None
-        self.lock = DriverLock(study.dir)
+        self.lock = DriverLock()
         self._studies: dict[str, object] = {}
         self._valid: dict[tuple, str | None] = {}
         self.stopping = False
@@ -97,7 +105,9 @@ class Driver:
 
     # ------------------------------------------------------------------ checks (nothing runs)
 
-    def prepare(self, data: bool = True) -> None:
+    def prepare(self, data: bool = True, check_data: bool = False) -> None:
+        """Every check (nothing runs); data: prepare each arm's dataset, check_data (a dry run): only check
+        that it is prepared or can be, writing nothing."""
         from mars.analysis.errors import AnalysisError
         from mars.analysis.metric import metric_of
         from mars.study.launchers import make_launcher
@@ -108,17 +118,19 @@ class Driver:
             self.metric = metric_of(s.spec["metric"]["key"], s.spec["metric"]["direction"])
         except AnalysisError as e:
             raise StudyError(f"study.metric: {e}") from None
-        self.configs = {arm.name: check_arm(s, arm) for arm in s.arms}
+        self.configs = {arm.name: check_arm(s, arm) for arm in s.arms}  # (loads the plugins' metrics)
+        check_metric_key(s.spec["metric"]["key"])
         self.sizes = self._check_sizes()
         check_spec_file(s)
-        self.storage = open_storage(s.storage)
+        self.storage = open_storage(s.storage, create=False)  # a new SQLite file is made by run() alone
         check_storage_spec(s, self.storage)
-        states = [self.arm_state(arm, create=False) for arm in s.arms]
-        check_dirs(s, [t for st in states for t in st.search + st.final])
+        check_dirs(
+            s, lambda: [t for arm in s.arms for st in [self.arm_state(arm)] for t in st.search + st.final]
+        )
         if self.launcher is None:
             self.launcher = make_launcher(s)
-        if data:
-            prepare_data(list(self.configs.values()))
+        if data or check_data:
+            prepare_data(list(self.configs.values()), write=data)
 
     def _check_sizes(self) -> list[ladder.Size]:
         """Every arm's sizes, which must agree (the same budgets in steps and fork points: the arms pair)."""
@@ -139,12 +151,12 @@ class Driver:
         return {z.name: z for z in self.sizes}
 
     def budget_lines(self) -> list[str]:
-        from mars.study.preflight import budget_lines
+        from mars.study.preflight import budget_lines, finalists
 
         lines = budget_lines(self.study, self.configs, finals=not self.sizes)
-        if self.sizes:
-            runs = self.study.spec["final"]["top_k"] * len(self.study.seeds)
-            lines += ladder.budget_lines(self.sizes, len(self.study.arms), runs)
+        if self.sizes:  # every arm's finalists and seeds, at every size
+            runs = sum(finalists(self.study, arm) for arm in self.study.arms) * len(self.study.seeds)
+            lines += ladder.budget_lines(self.sizes, 1, runs)
         return lines
 
     # ------------------------------------------------------------------ the storage's view
@@ -212,14 +224,14 @@ class Driver:
             rnd = round_from_attrs(raw.user_attrs)
             st = self._optuna_study(sname, rnd)
             rounds.append(rnd)
-            search += records_of(st, arm.name, "search", rnd.number, rnd.offset)
+            search += records_of(st, arm.name, "search", rnd.number, rnd.offset, self.study.dir)
         final: list[TrialRecord] = []
         plan = None
         fname = study_name(name, arm.name, "final")
         if self._exists(fname):
             st = self._optuna_study(fname)
             plan = st.user_attrs.get("plan")
-            final = records_of(st, arm.name, "final")
+            final = records_of(st, arm.name, "final", root=self.study.dir)
         return ArmState(rounds, search, final, plan)
 
     def _set_attrs(self, st, number: int, attrs: dict) -> None:
@@ -243,7 +255,7 @@ class Driver:
         return sorted(self.study.arms, key=lambda a: started[a.name])
 
     def next_job(self) -> Job | None:
-        with held(self.study.dir / ASK_LOCK):
+        with self.lock.ask():
             for arm in self._arm_order():
                 job = self._next_for_arm(arm)
                 if job is not None:
@@ -336,7 +348,7 @@ class Driver:
         draw(trial, rnd.sample)
         run_dir = search_dir(self.study.dir, arm.name, rnd.offset + number)
         self._set_attrs(st, number, {"driver": self.lock.id, "dir": str(run_dir)})
-        return records_of_one(st, number, arm.name, rnd)
+        return records_of_one(st, number, arm.name, rnd, self.study.dir)
 
     def _ask_final(self, arm: Arm, plan: list[dict], i: int) -> Job:
         st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
@@ -359,7 +371,7 @@ class Driver:
         if "trunk" in entry:
             attrs["trunk_dir"] = str(ladder.entry_dir(self.study.dir, arm.name, plan[entry["trunk"]]))
         self._set_attrs(st, number, {"driver": self.lock.id, **attrs})
-        return [r for r in records_of(st, arm.name, "final") if r.number == number][0]
+        return [r for r in records_of(st, arm.name, "final", root=self.study.dir) if r.number == number][0]
 
     def _job(self, arm: Arm, t: TrialRecord, st, fresh: bool) -> Job:
         """The job of trial t: a fresh trial in a new run dir, or (fresh=False) an interrupted one
@@ -401,14 +413,11 @@ class Driver:
         return nxt
 
     def edges(self, arm: Arm, state: ArmState):
-        e = self.study.spec["edges"]
-        points = [(t.params, t.value) for t in state.search if t.state == "COMPLETE"]
         return edges_of(
             state.rounds[-1].space,
-            points,
+            points_of(state.search),
             self.metric.higher_is_better,
-            e["fraction"],
-            e["tolerance"],
+            self.study.spec["edges"]["tolerance"],
             arm.name,
         )
 
@@ -445,19 +454,22 @@ class Driver:
 
         s = self.study
         s.dir.mkdir(parents=True, exist_ok=True)
-        with held(s.dir / ASK_LOCK):  # the first of several drivers writes the spec
-            spec_file = s.dir / SPEC_FILE
-            if not spec_file.is_file():
-                from mars.files import write_atomic
-
-                write_atomic(spec_file, yaml.safe_dump(s.spec, sort_keys=False))
-            meta = optuna.create_study(storage=self.storage, study_name=s.name, load_if_exists=True)
-            if "spec" not in meta.user_attrs:
-                meta.set_user_attr("spec", s.spec)
-        self.lock.acquire()
+        if isinstance(self.storage, optuna.storages.InMemoryStorage):  # prepare() made no file: now
+            self.storage = open_storage(s.storage)
+            self._studies, self._names, self._ids = {}, set(), {}
+        self.lock.acquire(self.storage, s.name)
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
         try:
+            with self.lock.ask():  # the first of several drivers writes the spec
+                spec_file = s.dir / SPEC_FILE
+                if not spec_file.is_file():
+                    from mars.files import write_atomic
+
+                    write_atomic(spec_file, yaml.safe_dump(public_spec(s.spec), sort_keys=False))
+                meta = optuna.create_study(storage=self.storage, study_name=s.name, load_if_exists=True)
+                if "spec" not in meta.user_attrs:
+                    meta.set_user_attr("spec", public_spec(s.spec))
             self._loop()
         finally:
             if main:
@@ -498,11 +510,11 @@ class Driver:
             ) from None
 
     def _start(self, job: Job, t0: float):
-        from mars.train.runlock import LOCK_FILE
+        from mars.train.runlock import busy
 
-        if job.resume and is_locked(job.run_dir / LOCK_FILE):  # the process of its dead driver still saves
+        if job.resume and busy(job.run_dir):  # the process of its dead driver still saves
             self.say(f"{job.label}: waiting for the process that ran it to stop (it is saving a checkpoint)")
-            while is_locked(job.run_dir / LOCK_FILE):
+            while busy(job.run_dir):
                 time.sleep(max(self.poll_s, 0.5))
         job.attempts += 1
         job.started = time.time()
@@ -561,8 +573,8 @@ class Driver:
         return True
 
 
-def records_of_one(st, number: int, arm: str, rnd: Round) -> TrialRecord:
-    return [r for r in records_of(st, arm, "search", rnd.number, rnd.offset) if r.number == number][0]
+def records_of_one(st, number: int, arm: str, rnd: Round, root: Path) -> TrialRecord:
+    return [r for r in records_of(st, arm, "search", rnd.number, rnd.offset, root) if r.number == number][0]
 
 
 def _stop(running: list) -> int:

@@ -1,8 +1,9 @@
 """Edges after an arm's search, and auto_extend: widening the range where the best sits at a bound.
 
-After each search round of an arm, the edge rule (mars.analysis.edges: study.edges.fraction and
-tolerance) runs on all of the arm's trials so far, in the current range of each numeric key. Each
-edge is one line naming the arm, the key and the bound. With study.auto_extend.rounds > 0, an arm with
+After each search round of an arm, the edge rule (mars.analysis.edges: the best trial is bracketed
+on each side of each numeric key by a trial worse than it by more than study.edges.tolerance) runs on
+all of the arm's finished trials so far, in the current range of each key. Each edge is one line
+naming the arm, the key and the side. With study.auto_extend.rounds > 0, an arm with
 edges gets another round of study.auto_extend.trials trials:
 
 * each key at an edge is widened there (mars.study.space.Dist.widen: one octave on a log range, half
@@ -36,11 +37,14 @@ class Round:
     notes: tuple[str, ...] = ()  # why it exists (the edges it widens)
 
 
-def edges_of(
-    space: dict[str, Dist], points, higher_is_better: bool, fraction: float, tolerance: float, arm: str
-):
+def points_of(search) -> list[tuple[dict, float]]:
+    """(params, value) of an arm's finished search trials (TrialRecords): what the edge rule judges."""
+    return [(t.params, t.value) for t in search if t.state == "COMPLETE"]
+
+
+def edges_of(space: dict[str, Dist], points, higher_is_better: bool, tolerance: float, arm: str):
     ranges = {k: d.range() for k, d in space.items() if d.numeric}
-    return find_edges(points, ranges, higher_is_better, fraction, tolerance, arm)
+    return find_edges(points, ranges, higher_is_better, tolerance, arm)
 
 
 def widen(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -34,9 +35,11 @@ from mars.study.trials import LAUNCH_LOG, Job
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child before exec
+def _die_with_parent(parent: int) -> None:  # runs in the child before exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the driver died before the line above: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def child_env() -> dict[str, str]:
@@ -46,6 +49,13 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def run_dir_override(run_dir: Path) -> str:
+    """hydra.run.dir=RUN_DIR, quoted where Hydra's grammar needs it (a comma, '=', a non-ASCII letter)."""
+    from mars.entry import hydra_value
+
+    return f"hydra.run.dir={hydra_value(str(run_dir))}"
 
 
 def base_command(command: list[str] | None) -> list[str]:
@@ -95,7 +105,7 @@ class LocalLauncher:
 
         if self.gpus_per_job > 0 and not self.command:
             return job_command(self.gpus_per_job, job.command_overrides, job.run_dir)
-        return [*base_command(self.command), *job.command_overrides, f"hydra.run.dir={job.run_dir}"]
+        return [*base_command(self.command), *job.command_overrides, run_dir_override(job.run_dir)]
 
     def start(self, job: Job) -> LocalHandle:
         from mars.train.launch import SLOTS_DIR, claim_slot
@@ -110,7 +120,9 @@ class LocalLauncher:
         command = self.command_line(job)
         log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
         log.flush()
-        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        preexec = (
+            functools.partial(_die_with_parent, os.getpid()) if sys.platform.startswith("linux") else None
+        )
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec)
         return LocalHandle(proc, job.run_dir / LAUNCH_LOG, stack)
 
@@ -161,7 +173,7 @@ class SubmititLauncher:
         from submitit.helpers import CommandFunction
 
         job.run_dir.mkdir(parents=True, exist_ok=True)
-        command = [*base_command(self.command), *job.command_overrides, f"hydra.run.dir={job.run_dir}"]
+        command = [*base_command(self.command), *job.command_overrides, run_dir_override(job.run_dir)]
         submitted = self.executor.submit(CommandFunction(command, cwd=os.getcwd(), env=child_env()))
         return SubmititHandle(submitted, Path(submitted.paths.stderr))
 

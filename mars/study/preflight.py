@@ -11,6 +11,7 @@ import yaml
 from mars.study.diff import differences
 from mars.study.errors import StudyError
 from mars.study.spec import Study, identity
+from mars.study.storage import shown
 
 SPEC_FILE = "spec.yaml"
 
@@ -43,29 +44,31 @@ def check_storage_spec(study: Study, storage) -> None:
         return
     diff = differences(identity(recorded), identity(study.spec))
     if diff:
-        where = f"study.storage={study.storage} holds study {study.name!r}"
+        where = f"study.storage={shown(study.storage)} holds study {study.name!r}"
         raise StudyError(
             f"{where} of another spec: {'; '.join(diff)}; rerun it with that spec, or give this one "
             "another study.name or study.storage"
         )
 
 
-def check_dirs(study: Study, trials) -> None:
+def check_dirs(study: Study, read_trials) -> None:
     """Run dirs under the study dir that the storage does not know, and known finished trials whose
-    run dirs are gone: the study would lose or mix them (`trials`: the storage's TrialRecords)."""
+    run dirs are gone: the study would lose or mix them (`read_trials()`: the storage's TrialRecords, read
+    after the dirs were listed, so that a trial another driver starts meanwhile is known)."""
     from mars.train.rundir import holds_a_run
 
-    known = {t.dir.resolve(): t for t in trials if t.dir is not None}
-    unknown = [
+    runs = [
         d
         for phase in ("search", "final")
         for d in sorted((study.dir / phase).glob("*/*"))
-        if d.is_dir() and holds_a_run(d) and d.resolve() not in known
+        if d.is_dir() and holds_a_run(d)
     ]
+    known = {t.dir.resolve(): t for t in read_trials() if t.dir is not None}
+    unknown = [d for d in runs if d.resolve() not in known]
     if unknown:
         raise StudyError(
-            f"{unknown[0]} holds a run that study.storage={study.storage} does not record (was the storage "
-            "replaced?): restore that storage, or move the run away (or choose another study.dir)"
+            f"{unknown[0]} holds a run that study.storage={shown(study.storage)} does not record (was the "
+            "storage replaced?): restore that storage, or move the run away (or choose another study.dir)"
         )
     for path, t in known.items():
         if t.state == "COMPLETE" and not Path(path).is_dir():
@@ -73,6 +76,11 @@ def check_dirs(study: Study, trials) -> None:
                 f"the storage records {t.arm} {t.phase} trial {t.index} as finished, but its run dir "
                 f"{path} is gone: restore it, or start again in another study.dir"
             )
+
+
+def finalists(study: Study, arm) -> int:
+    """The configs of an arm its finals rerun: top_k of its search, or its one fixed config."""
+    return int(study.spec["final"]["top_k"]) if arm.space else 1
 
 
 def budget_lines(study: Study, configs: dict, finals: bool = True) -> list[str]:
@@ -84,13 +92,13 @@ def budget_lines(study: Study, configs: dict, finals: bool = True) -> list[str]:
     extend = s.spec["auto_extend"]
     for arm in s.arms:
         c = configs[arm.name]
-        runs = arm.trials + (s.spec["final"]["top_k"] * len(s.seeds) if finals else 0)
+        runs = arm.trials + (finalists(s, arm) * len(s.seeds) if finals else 0)
         total_runs += runs
         total_tokens += runs * c.tokens_per_run
         space = ", ".join(d.describe() for d in arm.space.values()) or "nothing searched"
         lines.append(
             f"{arm.name}{' (baseline)' if arm.name == s.baseline else ''}: optimizer={c.optimizer}, "
-            f"{arm.trials} search trials over {space}; finals: top {s.spec['final']['top_k']} x seeds "
+            f"{arm.trials} search trials over {space}; finals: top {finalists(s, arm)} x seeds "
             f"{s.seeds}; {runs} {'runs' if finals else 'search runs'} x {c.tokens_per_run:,} tokens = "
             f"{runs * c.tokens_per_run:,} tokens"
         )

@@ -87,8 +87,11 @@ def study_name(name: str, arm: str, phase: str, round_number: int = 0) -> str:
 
 
 def records_of(
-    optuna_study, arm: str, phase: str, round_number: int = -1, offset: int = 0
+    optuna_study, arm: str, phase: str, round_number: int = -1, offset: int = 0, root: Path | None = None
 ) -> list[TrialRecord]:
+    """The trials of one optuna study. root: the study dir now; a trial's recorded dirs (STUDY/PHASE/
+    ARM/NAME, written as absolute paths) are read under it, so a study dir that was moved or copied
+    elsewhere finds its trials' run dirs."""
     out = []
     for t in optuna_study.get_trials(deepcopy=False):
         if phase == "search":
@@ -99,5 +102,8 @@ def records_of(
             index = t.number
         value = t.value if t.state.name == "COMPLETE" else None
         attrs = {**t.user_attrs, **t.user_attrs.get("result", {})}  # the driver stores a result in one attr
+        for key in ("dir", "trunk_dir"):
+            if root is not None and attrs.get(key):
+                attrs[key] = str(Path(root, *Path(attrs[key]).parts[-3:]))
         out.append(TrialRecord(arm, phase, round_number, t.number, index, params, t.state.name, value, attrs))
     return out

@@ -27,8 +27,11 @@ from mars.analysis.stats import mean_std
 from mars.entry import hydra_value
 from mars.files import write_atomic
 from mars.metrics_jsonl import jsonable
+from mars.study.errors import StudyError
 from mars.study.figures import bins_for, profile, search_figure, sensitivity_figure
 from mars.study.finals import best_finalist, ranked
+from mars.study.spec import public_spec
+from mars.study.storage import shown
 
 REPORT_DIR = "report"
 
@@ -61,10 +64,15 @@ class ArmReport:
         return not self.edges and not self.limits
 
     def where(self) -> str:
-        """The verdict table's cell: yes, or which bounds the best config sits at."""
+        """The verdict table's cell: yes, or on which side of which key the best config is not bracketed."""
         if self.at_optimum:
             return "yes"
-        parts = [f"not at the optimum: {e.key} at its {e.bound} bound {e.value:.4g}" for e in self.edges]
+        side = {"lower": "below", "upper": "above"}
+        parts = [
+            f"not at the optimum: {e.key} {e.best:.4g}, nothing worse {side[e.bound]} (its {e.bound} bound "
+            f"{e.value:.4g})"
+            for e in self.edges
+        ]
         parts += [
             f"at a bound the train config will not pass: {e.key} {e.bound} {e.value:.4g}"
             for e, _ in self.limits
@@ -130,6 +138,14 @@ def write_study_report(driver) -> list[Path]:
     arms = collect(driver)
     written: list[Path] = []
     dirs, pairs, command = verdict_command(driver, arms)
+    for d in dirs:  # the verdict is read from the finals' run dirs, not the storage
+        metrics = Path(d) / "metrics.jsonl"
+        if not metrics.is_file() or metrics.stat().st_size == 0:
+            raise StudyError(
+                f"{metrics} is {'empty' if metrics.is_file() else 'missing'}, though the storage records its "
+                "trial as finished: the verdict is read from the finals' run dirs; restore it (from a backup "
+                "or the run's W&B history), then rerun with --report"
+            )
     report = None
     base = next(r for r in arms if r.name == s.baseline)
     if base.best_rank is not None and dirs:
@@ -209,7 +225,7 @@ def _markdown(driver, arms, report, command, markdown_table, comparison_table, v
     s, m = driver.study, driver.metric
     seeds = s.seeds
     L = [f"# Study {s.name}", ""]
-    L.append(f"- spec: `{s.dir / 'spec.yaml'}`; storage `{s.storage}`")
+    L.append(f"- spec: `{s.dir / 'spec.yaml'}`; storage `{shown(s.storage)}`")
     L.append(f"- base overrides: `{' '.join(s.base) or '(none)'}`")
     sp = s.spec["sampler"]
     L.append(
@@ -248,13 +264,13 @@ def _markdown(driver, arms, report, command, markdown_table, comparison_table, v
         for e, why in rep.limits:
             any_edge = True
             L.append(
-                f"- {rep.name}: the best {e.key}, {e.best:.4g}, sits at its {e.bound} bound {e.value:.4g}, "
-                "and the "
-                f"train config refuses to widen it ({why}): an optimum constrained by the config (e.g. gamma "
-                "cannot go below 0), or one beyond a setting to change (e.g. schedule.min_lr)"
+                f"- {rep.name}: the best {e.key}, {e.best:.4g}, is not bracketed towards its {e.bound} bound "
+                f"{e.value:.4g}, and the train config refuses to widen the range there ({why}): an optimum "
+                "constrained by the config (e.g. gamma cannot go below 0), or one beyond a setting to change "
+                "(e.g. schedule.min_lr)"
             )
     if not any_edge:
-        L.append("- no arm's best sits at a bound of its range")
+        L.append("- every arm's best is bracketed: a worse trial on each side of it, along every key")
     L += ["", "## Budget", ""]
     L.append(_budget_table(arms))
     L += ["", "## Best search trials", ""]
@@ -263,12 +279,14 @@ def _markdown(driver, arms, report, command, markdown_table, comparison_table, v
         L.append(f"{rep.name}: " + "; ".join(f"{t.value:.4f} ({_config(t.params)}; {t.dir})" for t in top))
         L.append("")
     L += ["## Sensitivity", ""]
+    tolerance = s.spec["edges"]["tolerance"]
     L.append(
-        "The profile of each key: the best trial in each of a few equal bins of its range (log where "
-        "searched log), the other keys free; the rise from the profile's best to its ends says how much a "
-        "value away from the optimum costs (sensitivity.png)."
+        "Each searched key around the best trial: on each side, the nearest trial worse than it by more "
+        f"than the tolerance ({tolerance:g}, study.edges.tolerance) and by how much; a side with none is an "
+        "edge, and the verdict's 'at the optimum' says so. The profile (sensitivity.png) is the best trial "
+        "in each of a few equal bins of the key's range (log where searched log), the other keys free."
     )
-    L += ["", _sensitivity_table(arms, m)]
+    L += ["", _sensitivity_table(arms, m, tolerance)]
     L += ["", "## Diverged and failed trials", ""]
     bad = [t for rep in arms for t in rep.search + rep.final if t.status not in ("completed", "running")]
     if not bad:
@@ -308,35 +326,54 @@ def _budget_table(arms) -> str:
     )  # fmt: skip
 
 
-def _sensitivity_table(arms, m) -> str:
+def _sensitivity_table(arms, m, tolerance: float) -> str:
+    """Per arm and key: the best trial's value, and on each side of it the nearest trial worse by more
+    than the tolerance (the same mars.analysis.edges.sides the verdict's edges come from: a side with
+    none is an edge), and the bins of the profile within 1% of the best."""
+    from mars.analysis.edges import sides
+    from mars.study.extend import points_of
+
     rows = []
     for rep in arms:
         if not rep.rounds:
             continue
-        space = rep.rounds[-1].space
-        for key, d in space.items():
+        points = points_of(rep.search)
+        for key, d in rep.rounds[-1].space.items():
+            found = sides(points, key, m.higher_is_better, tolerance) if d.numeric else None
+            if found is None:
+                continue
+            best = min(
+                (t for t in rep.search if t.finite), key=lambda t: -t.value if m.higher_is_better else t.value
+            )
             prof = profile(rep.search, key, d, m.higher_is_better, bins_for(len(rep.search)))
             vals = [v for _, v, _ in prof if math.isfinite(v)]
-            if not vals:
-                continue
-            best = max(vals) if m.higher_is_better else min(vals)
-            ends = [prof[0][1], prof[-1][1]]
-            cost = [("diverged" if not math.isfinite(v) else f"{abs(v - best):.3f}") for v in ends]
-            near = [c for c, v, _ in prof if math.isfinite(v) and abs(v - best) <= 0.01 * abs(best)]
+            near = [
+                c
+                for c, v, _ in prof
+                if vals and math.isfinite(v) and abs(v - best.value) <= 0.01 * abs(best.value)
+            ]
             rows.append(
                 [
                     rep.name,
                     key,
                     f"{_short(d.lo)} - {_short(d.hi)}" + (" (log)" if d.log else ""),
-                    f"{best:.4f}",
-                    f"{cost[0]} / {cost[1]}",
+                    f"{_short(best.params[key])} ({best.value:.4f})",
+                    *(_side_cell(side) for side in found),
                     f"{_short(min(near))} - {_short(max(near))}" if near else "-",
                 ]
             )
     return _table(
-        ["arm", "key", "range", "best binned", "worse at the low / high end", "bins within 1% of the best"],
+        ["arm", "key", "range", "best trial (its value)", "nearest worse trial below (by)"]
+        + ["nearest worse trial above (by)", "bins within 1% of the best"],
         rows,
-    )
+    )  # fmt: skip
+
+
+def _side_cell(side) -> str:
+    if side.bracketed:
+        by = "diverged" if not math.isfinite(side.worse_by) else f"+{side.worse_by:.3f}"
+        return f"{_short(side.nearest)} ({by})"
+    return f"none of {side.beyond}: an edge" if side.beyond else "none: an edge"
 
 
 def _json(driver, arms, report, command) -> dict:
@@ -351,7 +388,7 @@ def _json(driver, arms, report, command) -> dict:
 
     return {
         "name": driver.study.name,
-        "spec": driver.study.spec,
+        "spec": public_spec(driver.study.spec),
         "metric": {"key": driver.metric.key, "higher_is_better": driver.metric.higher_is_better},
         "baseline": driver.study.baseline,
         "verdict_command": command,

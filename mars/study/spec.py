@@ -22,7 +22,8 @@ refuses every value that cannot work, one line each, naming the key and the fix:
                   startup_trials (tpe: random trials before it models; default optuna's)
     metric        key (any metrics.jsonl key; val/loss), direction (lower / higher; default by the key's
                   name, mars.analysis.metric), summary (final or best value of the run)
-    edges         fraction, tolerance: the edge rule (mars.analysis.edges)
+    edges         tolerance: the edge rule (mars.analysis.edges): the best trial must be bracketed, on
+                  each side of each numeric key, by a trial worse than it by more than this
     auto_extend   rounds (0: off), trials: an arm whose best sits at a bound gets `trials` more, in the
                   range widened there (mars.study.extend), up to `rounds` times
     final         top_k, seeds: the top_k configs of each arm rerun with these seeds, shared by all arms
@@ -82,7 +83,6 @@ class MetricSpec:
 
 @dataclass
 class EdgeSpec:
-    fraction: float = 0.1
     tolerance: float = 0.0
 
 
@@ -129,6 +129,7 @@ class StudySpec:
 
 
 PRIMARY = "mars_study"
+MAPPINGS = ("study.arms", "study.sizes", "study.launcher.submitit")  # spec keys that hold a mapping
 
 
 def register() -> None:
@@ -155,6 +156,14 @@ def compose_spec(args: list[str]) -> dict:
 
     study_args = [a for a in args if is_study_override(a)]
     training = [a for a in args if not is_study_override(a)]
+    for arg in study_args:
+        key, _, value = arg.partition("=")
+        if value.strip() == "{}" and key.lstrip("+") in MAPPINGS:
+            raise StudyError(
+                f"{arg} empties nothing: Hydra merges a mapping into the spec's {key.lstrip('+')}, so {{}} "
+                f"changes nothing; drop an entry with ~{key.lstrip('+')}.NAME, or write a spec of your own "
+                "(configs/study/NAME.yaml)"
+            )
     if not any(a.split("=", 1)[0] == "study" for a in study_args):
         names = sorted(p.stem for p in Path(config_dir(), "study").glob("*.yaml"))
         raise StudyError(
@@ -168,10 +177,43 @@ def compose_spec(args: list[str]) -> dict:
         spec = OmegaConf.to_container(cfg.study, resolve=True, throw_on_missing=True)
     except Exception as e:
         if is_composition_error(e):
-            raise StudyError(_with_keys(one_line(e))) from None
+            raise StudyError(needs_quotes(study_args) or _with_keys(one_line(e))) from None
         raise
     spec["base"] = [*spec["base"], *training]
     return spec
+
+
+def needs_quotes(args: list[str]) -> str | None:
+    """The first argument whose value Hydra's grammar cannot take unquoted (an '=' it reads as another
+    key=value, a comma it reads as a sweep, a space or a non-ASCII letter), with the quoted form that
+    works; else None. Hydra's own error names neither the argument nor the fix."""
+
+    def awkward(text: str, commas: bool) -> bool:
+        return any(c in text for c in "= " + ("," if commas else "")) or not text.isascii()
+
+    for arg in args:
+        key, _, value = arg.partition("=")
+        v = value.strip()
+        if not v or v[:1] in "'\"{":
+            continue
+        if v.startswith("[") and v.endswith("]"):
+            items = [x.strip() for x in v[1:-1].split(",") if x.strip()]
+            if not any(awkward(x, False) and x[:1] not in "'\"" for x in items):
+                continue
+            v = "[" + ",".join(x if x[:1] in "'\"" else f'"{x}"' for x in items) + "]"
+        elif awkward(v, True):
+            v = f'"{v}"'
+        else:
+            continue
+        if key.lstrip("+") == "study.storage":  # no password in a message
+            from mars.study.storage import shown
+
+            arg, v = f"{key}={shown(value)}", f'"{shown(v[1:-1])}"'
+        return (
+            f"{arg}: Hydra's grammar cannot read this value unquoted (an '=', a comma, a space or a "
+            f"non-ASCII letter in it); quote it: '{key}={v}' (in single quotes for the shell)"
+        )
+    return None
 
 
 def _with_keys(message: str) -> str:
@@ -252,7 +294,8 @@ def check_spec(spec: dict) -> Study:
     arms_spec = spec["arms"]
     if not arms_spec:
         raise StudyError(
-            "study.arms is empty: give at least one arm, e.g. study.arms.adamw.overrides=[optimizer=adamw]"
+            "study.arms is empty: give at least one arm in the spec (configs/study/NAME.yaml), e.g. "
+            "arms: {adamw: {overrides: [optimizer=adamw]}}"
         )
     _at_least("study.trials", spec["trials"], 1)
     arms = []
@@ -289,14 +332,18 @@ def check_spec(spec: dict) -> Study:
         )
     if metric["summary"] not in SUMMARIES:
         raise StudyError(f"study.metric.summary={metric['summary']!r} is not one of {', '.join(SUMMARIES)}")
-    edges = spec["edges"]
-    if not (isinstance(edges["fraction"], (int, float)) and 0 < edges["fraction"] < 0.5):
-        raise StudyError(f"study.edges.fraction={edges['fraction']!r} must lie in (0, 0.5) (e.g. 0.1)")
-    _at_least("study.edges.tolerance", edges["tolerance"], 0)
+    _at_least("study.edges.tolerance", spec["edges"]["tolerance"], 0)
     _at_least("study.auto_extend.rounds", spec["auto_extend"]["rounds"], 0)
     _at_least("study.auto_extend.trials", spec["auto_extend"]["trials"], 1)
     final = spec["final"]
     _at_least("study.final.top_k", final["top_k"], 1)
+    short = next((a for a in arms if a.space and a.trials < final["top_k"]), None)
+    if short is not None:
+        raise StudyError(
+            f"study.final.top_k={final['top_k']} is more than the {short.trials} search trials of arm "
+            f"{short.name}: the finals rerun at most that many configs; lower study.final.top_k or raise "
+            "study.trials"
+        )
     seeds = final["seeds"]
     if not seeds or len(set(seeds)) < len(seeds):
         raise StudyError(
@@ -310,13 +357,46 @@ def check_spec(spec: dict) -> Study:
         raise StudyError(f"study.launcher.name={launcher['name']!r} is not one of {', '.join(LAUNCHERS)}")
     _at_least("study.launcher.n_jobs", launcher["n_jobs"], 1)
     _at_least("study.launcher.gpus_per_job", launcher["gpus_per_job"], 0)
-    if launcher["command"] is not None and not launcher["command"]:
-        raise StudyError("study.launcher.command is empty: give the command that runs a trial, or null")
+    _check_command(launcher)
     directory = Path(spec["dir"] or Path("studies") / str(name)).expanduser().absolute()
     from mars.study.storage import default_storage
 
     storage = spec["storage"] or default_storage(directory)
     return Study(spec, str(name), directory, storage, tuple(spec["base"]), arms, str(baseline))
+
+
+def public_spec(spec: dict) -> dict:
+    """The spec as it is written down (spec.yaml, the storage, study.json): its storage URL's password
+    masked."""
+    from mars.study.storage import shown
+
+    return {**spec, "storage": shown(spec["storage"])} if spec.get("storage") else spec
+
+
+def _check_command(launcher: dict) -> None:
+    """study.launcher.command: with the local launcher, a program this machine has. The command line
+    reads an unquoted false, true or null as a value, which arrives here as the word False, True or
+    None: the refusal then says to quote it."""
+    import shutil
+
+    command = launcher["command"]
+    if command is None:
+        return
+    if not command:
+        raise StudyError("study.launcher.command is empty: give the command that runs a trial, or null")
+    program = str(command[0])
+    if launcher["name"] != "local" or shutil.which(program) is not None:
+        return
+    if program in ("False", "True", "None"):
+        word = {"None": "null"}.get(program, program.lower())
+        raise StudyError(
+            f"study.launcher.command=[{word}, ...]: the command line read {word} as a value ({program}), not "
+            f"a program: quote it, e.g. 'study.launcher.command=[\"{word}\"]'"
+        )
+    raise StudyError(
+        f"study.launcher.command: {program!r} is not a program on PATH, nor a path to one: give the command "
+        "that runs a trial (default: python -m mars.train)"
+    )
 
 
 def identity(spec: dict) -> dict:

@@ -78,6 +78,7 @@ class Result:
 def read_result(run_dir: Path, metric, summary: str, since: float) -> Result | str:
     """The finished trial's result, or why it has none (a failure to report): `since` is when this
     attempt was launched (an older outcome.json is an earlier attempt's)."""
+    from mars.analysis.errors import AnalysisError
     from mars.analysis.runs import load_run
     from mars.train.outcome import read_outcome
 
@@ -86,7 +87,10 @@ def read_result(run_dir: Path, metric, summary: str, since: float) -> Result | s
         return "it ended without recording an outcome (it failed before or during training, or was killed)"
     if outcome["status"] == "preempted":
         return "preempted"
-    run = load_run(run_dir)
+    try:
+        run = load_run(run_dir)
+    except AnalysisError as e:  # its metrics.jsonl damaged
+        return str(e)
     tokens = run.last_tokens
     seconds = max(
         (p.seconds for pts in run.metrics.values() for p in pts if math.isfinite(p.seconds)), default=0.0

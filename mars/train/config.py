@@ -433,6 +433,8 @@ def _check_parallel(cfg: Any, world_size: int) -> None:
 
 def _check_optimizer(cfg: Any) -> None:
     """The optimizer's own value checks (betas in [0, 1), gamma >= 0, its gamma schedule, ...)."""
+    import inspect
+
     from omegaconf import OmegaConf
 
     from mars.optim import make_config
@@ -440,6 +442,9 @@ def _check_optimizer(cfg: Any) -> None:
     node = get(cfg, "optimizer")
     try:
         opt = make_config(OmegaConf.to_object(node) if OmegaConf.is_config(node) else node)
-        opt.validate(max_steps=int(get(cfg, "train.max_steps")))
+        if "max_steps" in inspect.signature(opt.validate).parameters:  # a plugin's may take none
+            opt.validate(max_steps=int(get(cfg, "train.max_steps")))
+        else:
+            opt.validate()
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None

@@ -78,7 +78,9 @@ def claim_slot(lock_dir: Path, slots: list[list[str]], poll_s: float = 2.0, time
 
 def job_command(per_job: int, overrides: list[str], run_dir: Path) -> list[str]:
     """The command that runs one sweep job as a plain run in its own run dir."""
-    args = [*overrides, f"hydra.run.dir={run_dir}", "launch.gpus_per_job=0"]
+    from mars.entry import hydra_value
+
+    args = [*overrides, f"hydra.run.dir={hydra_value(str(run_dir))}", "launch.gpus_per_job=0"]
     if per_job == 1:
         return [sys.executable, "-m", "mars.train", *args]
     return [

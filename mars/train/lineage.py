@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +73,15 @@ def _check_healthy(key: str, value: str, step_dir: Path, meta: dict) -> None:
         )
 
 
-def _verify(key: str, value: str, step_dir: Path, only=None) -> dict:
-    """meta.json after checking the checkpoint's bytes (all of them, or the files `only` accepts)."""
+def _verify(key: str, value: str, step_dir: Path, only=None, healthy: bool = True) -> dict:
+    """meta.json after checking the checkpoint's bytes (all of them, or the files `only` accepts) and
+    (healthy=True) that it is not marked unhealthy."""
     from mars.checkpoint import checksums
 
     try:
         meta = ckpt.read_meta(step_dir)
-        _check_healthy(key, value, step_dir, meta)
+        if healthy:
+            _check_healthy(key, value, step_dir, meta)
         if only is None:
             ckpt.verify_checkpoint(step_dir)
         else:
@@ -125,16 +128,18 @@ def _refuse_model(key: str, value: str, file: Path, diffs: list[str]) -> None:
         )
 
 
-def check_fork(cfg: Any, world_size: int) -> Path:
-    """The step dir train.fork_from names, verified (every file against its checksums), healthy, of the
-    config's model, and trained under the config's values of every key a resume fixes."""
+def check_fork(cfg: Any, world_size: int, key: str = "train.fork_from") -> Path:
+    """The step dir train.fork_from names (or train.resume=PATH naming another run dir's checkpoint, which
+    makes the same fork: `key`), verified (every file against its checksums), healthy (train.resume=PATH
+    continues an unhealthy one as asked), of the config's model, and trained under the config's values
+    of every key a resume fixes."""
     from mars.checkpoint.model_dir import read_model_config
     from mars.train.resume import FIXED_KEYS, fixed_differences
 
-    value = str(cfg.train.fork_from)
-    step_dir = source_checkpoint("train.fork_from", value)
-    meta = _verify("train.fork_from", value, step_dir)
-    _refuse_model("train.fork_from", value, step_dir / MODEL_CONFIG, model_differences(
+    value = str(get(cfg, key))
+    step_dir = source_checkpoint(key, value)
+    meta = _verify(key, value, step_dir, healthy=key == "train.fork_from")
+    _refuse_model(key, value, step_dir / MODEL_CONFIG, model_differences(
         read_model_config(step_dir / MODEL_CONFIG), cfg.model
     ))  # fmt: skip
     saved = ckpt.read_run_config(step_dir)
@@ -144,17 +149,17 @@ def check_fork(cfg: Any, world_size: int) -> Path:
         if d.split(":", 1)[0] in FIXED_KEYS
     ]
     if diffs:
-        key, change = diffs[0].split(": ", 1)
+        name, change = diffs[0].split(": ", 1)
         old = change.split(" -> ", 1)[0].strip("'")
         raise ConfigError(
-            f"train.fork_from={value}: the fork would change {'; '.join(diffs)} (from the parent's "
+            f"{key}={value}: the fork would change {'; '.join(diffs)} (from the parent's "
             f"{step_dir / RUN_CONFIG}); a fork keeps the keys a resume keeps (model shape, optimizer kind, "
-            f"data, global batch, seeds): set {key}={old} as the parent has it, or start from its weights "
+            f"data, global batch, seeds): set {name}={old} as the parent has it, or start from its weights "
             "alone with train.init_from"
         )
     if meta["step"] > int(cfg.train.max_steps):
         raise ConfigError(
-            f"train.fork_from={value}: {step_dir} is at step {meta['step']}, beyond train.max_steps="
+            f"{key}={value}: {step_dir} is at step {meta['step']}, beyond train.max_steps="
             f"{cfg.train.max_steps}; raise train.max_steps above {meta['step']}, or fork from an earlier "
             "checkpoint"
         )
@@ -174,6 +179,8 @@ def check_init(cfg: Any) -> Path:
     value = str(cfg.train.init_from)
     path = Path(value).expanduser()
     if is_hf_dir(path):
+        hf_config, _ = _hf_config_and_adapter(path)
+        check_hf_weights(path, hf_config)
         _refuse_model("train.init_from", value, path / HF_CONFIG, model_differences(
             hf_model_config(path), cfg.model
         ))  # fmt: skip
@@ -215,22 +222,119 @@ def _weights(path: Path, wanted) -> Iterator[Any]:
     """The tensors of an HF directory's weights file whose names pass `wanted`, read one at a time
     (safetensors: only those; pytorch_model.bin: memory-mapped where its format allows, and always
     with weights_only=True, so no code in it runs)."""
-    import torch
-
     single = path / HF_WEIGHTS[0]
     if single.is_file():
-        from safetensors import safe_open
+        with _readable(path, single):
+            from safetensors import safe_open
 
-        with safe_open(str(single), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                if wanted(name):
-                    yield f.get_tensor(name)
+            with safe_open(str(single), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                    if wanted(name):
+                        yield f.get_tensor(name)
         return
+    yield from (t for name, t in _state_dict(path).items() if wanted(name))
+
+
+def _state_dict(path: Path) -> dict:
+    """pytorch_model.bin, loaded with torch.load(weights_only=True) (memory-mapped where its format
+    allows): a file holding more than tensors, or a damaged one, is one line."""
+    import pickle
+
+    import torch
+
+    file = path / HF_WEIGHTS[1]
     try:
-        state = torch.load(path / HF_WEIGHTS[1], map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
-        state = torch.load(path / HF_WEIGHTS[1], map_location="cpu", weights_only=True)
-    yield from (t for name, t in state.items() if wanted(name))
+        with _readable(path, file):
+            try:
+                return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
+                return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: {file} holds Python objects besides tensors, which a weights-only load "
+            "refuses (nothing in it was run): give the model as model.safetensors, saved where it is "
+            "trusted"
+        ) from None
+
+
+@contextmanager
+def _readable(path: Path, file: Path):
+    """A weights file that cannot be read (cut short, damaged) as one line naming it."""
+    try:
+        yield
+    except ckpt.CheckpointError:
+        raise
+    except (OSError, RuntimeError, ValueError, EOFError) as e:
+        first = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: {file} cannot be read ({first}): it is cut short or damaged; copy, "
+            "download or export it again"
+        ) from None
+    except Exception as e:  # safetensors' own error type
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: {file} cannot be read ({' '.join(str(e).split())[:200]}): it is cut "
+            "short or damaged; copy, download or export it again"
+        ) from None
+
+
+def _weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """name -> shape of each tensor in an HF directory's weights (safetensors: read from its header)."""
+    single = path / HF_WEIGHTS[0]
+    if single.is_file():
+        with _readable(path, single):
+            from safetensors import safe_open
+
+            with safe_open(str(single), framework="pt") as f:
+                return {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}  # noqa: SIM118
+    return {n: tuple(t.shape) for n, t in _state_dict(path).items() if hasattr(t, "shape")}
+
+
+BUFFERS = ("attn.bias", "attn.masked_bias", "rotary_emb.inv_freq")  # older checkpoints store these
+
+
+def check_hf_weights(path: Path, hf_config) -> None:
+    """The weights of an HF directory hold the model its config.json describes: every tensor, of its
+    shape (a config.json of another model, or weights of another, would train something else or fail
+    after the run dir was made). Checked from the file's header, on transformers' meta-device model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config)
+    except (ValueError, KeyError):  # a model type transformers does not build: its adapter checks it
+        return
+    prefix = f"{model.base_model_prefix}."
+
+    def plain(name: str) -> str:  # checkpoints are saved with and without the base model's prefix
+        return name[len(prefix) :] if name.startswith(prefix) else name
+
+    tied = getattr(model, "_tied_weights_keys", None) or ()
+    optional = {plain(n) for n in tied} if getattr(hf_config, "tie_word_embeddings", False) else set()
+    want = {plain(n): tuple(t.shape) for n, t in model.state_dict().items()}
+    got = {plain(n): s for n, s in _weight_shapes(path).items()}
+    file = next(path / w for w in HF_WEIGHTS if (path / w).is_file())
+    for name, shape in want.items():
+        if name in got and got[name] != shape:
+            raise ckpt.CheckpointError(
+                f"train.init_from={path}: {file} does not hold the model {path / HF_CONFIG} describes: "
+                f"{name} has shape {list(got[name])} there, {list(shape)} by config.json; put the "
+                "config.json of these weights next to them"
+            )
+    missing = [n for n in want if n not in got and n not in optional]
+    extra = [n for n in got if n not in want and not n.endswith(BUFFERS)]
+    if missing or extra:
+        what = "; ".join(
+            f"{label} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+            for label, names in (("lacks", missing), ("has tensors the model lacks:", extra))
+            if names
+        )
+        raise ckpt.CheckpointError(
+            f"train.init_from={path}: {file} does not hold the model {path / HF_CONFIG} describes ({what}); "
+            "put the config.json of these weights next to them"
+        )
 
 
 def hf_model_config(path: Path):
@@ -284,26 +388,67 @@ def init_weights(model, source: str) -> None:
     if not is_hf_dir(path):
         ckpt.load_model_state(model, source_checkpoint("train.init_from", source))
         return
+    import logging
+
     import torch
 
-    state = load_hf(path).state_dict()
+    imported = load_hf(path)
+    state = imported.state_dict()
+    inner = unwrap_model(model)
     with torch.no_grad():
-        for name, param in unwrap_model(model).state_dict(keep_vars=True).items():
+        for name, param in inner.state_dict(keep_vars=True).items():
             copy_full_(param, state[name])
+    live = getattr(imported.config, "live_vocab_size", None)
+    if hasattr(inner.config, "live_vocab_size"):  # rows the source lacks: out of the softmax, as there
+        inner.config.live_vocab_size = live
+    if live is not None:
+        vocab = inner.config.vocab_size
+        logging.getLogger("mars.train").info(
+            f"train.init_from={path}: its {live} vocabulary rows fill model.vocab_size={vocab}; the "
+            f"{vocab - live} rows it lacks are masked out of the softmax (model.live_vocab_size={live} in "
+            "the checkpoints' model.json)"
+        )
 
 
 def check_source(cfg: Any, run_dir: Path | None, world_size: int) -> None:
-    """Before Hydra writes the run dir (rank 0): the source train.fork_from or train.init_from names can
-    start this run. Skipped where train.resume=auto will continue the run dir's own checkpoints."""
+    """Before Hydra writes the run dir (rank 0): the source train.fork_from or train.init_from names (or
+    train.resume=PATH, when it names another run dir's checkpoint: a fork of it) can start this run, and
+    does not lie in the run dir that train.overwrite=true would move aside first. Skipped where
+    train.resume=auto will continue the run dir's own checkpoints."""
     t = cfg.train
-    if not (given(t.fork_from) or given(t.init_from)):
+    resume_path = t.resume not in (*NO_PATH, "auto")
+    if not (given(t.fork_from) or given(t.init_from) or resume_path):
         return
     if t.resume == "auto" and run_dir is not None and ckpt.list_checkpoints(Path(run_dir) / ckpt.CKPT_DIR):
         return
-    if given(t.fork_from):
+    key = next(k for k in ("train.fork_from", "train.init_from", "train.resume") if given(get(cfg, k)))
+    source = Path(str(get(cfg, key))).expanduser()
+    if key == "train.resume":
+        step_dir = ckpt.resolve_checkpoint(source)
+        if step_dir is None or run_dir is None or step_dir.resolve().parent.parent == Path(run_dir).resolve():
+            return  # this run dir's own checkpoint (mars.train.rundir.choose_start), or none (refused there)
+        check_fork(cfg, world_size, key)
+        return
+    _refuse_own_source(cfg, key, source, run_dir)
+    if key == "train.fork_from":
         check_fork(cfg, world_size)
     else:
         check_init(cfg)
+
+
+def _refuse_own_source(cfg: Any, key: str, source: Path, run_dir: Path | None) -> None:
+    """A source inside the run dir whose run train.overwrite=true moves aside before this run starts:
+    the run would move its own source away (its parent with it), then fail to find it."""
+    from mars.train.rundir import holds_a_run
+
+    if run_dir is None or not cfg.train.overwrite or not holds_a_run(Path(run_dir)):
+        return
+    if source.resolve().is_relative_to(Path(run_dir).resolve()):
+        raise ConfigError(
+            f"{key}={source} lies in hydra.run.dir={run_dir}, whose run train.overwrite=true would move "
+            "aside before this run starts, its source with it: start this run in another hydra.run.dir "
+            "(nothing was moved)"
+        )
 
 
 # ----------------------------------------------------------------------------- the record
@@ -344,6 +489,67 @@ def write_lineage(run_dir: str | os.PathLike, record: dict) -> None:
 
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(run_dir) / LINEAGE_FILE, json.dumps(record, indent=2) + "\n")
+
+
+@dataclass
+class Parent:
+    """Where a run's parent is now, as lineage.json's checksum hash finds it."""
+
+    run_dir: Path | None  # the run dir holding the parent's run now; None when it cannot be found
+    note: str = ""  # empty when the parent is where lineage.json says, unchanged
+
+
+def locate_parent(record: dict) -> Parent:
+    """The parent run of a fork (or of a run begun from a mars checkpoint's weights), checked against the
+    hash lineage.json holds of its checkpoint's checksums.json: still in its run dir; moved aside by a
+    train.overwrite=true of that run dir (RUN_DIR/replaced-TIME/, found by the hash); or replaced or
+    changed and not found (run_dir None). A checkpoint rotated away since cannot be checked: the run dir
+    is taken as the parent unless a run was moved out of it after the fork."""
+    from mars.checkpoint.checksums import file_digest
+    from mars.checkpoint.layout import REPLACED_PREFIX
+    from mars.train.metrics import METRICS_FILE
+
+    run = Path(str(record.get("parent_run_dir") or ""))
+    step_dir = Path(str(record.get("parent_checkpoint") or ""))
+    recorded = (record.get("checksums") or {}).get(CHECKSUMS)
+    if record.get("format") == "hf" or not record.get("parent_run_dir"):
+        return Parent(None, _hf_changed(step_dir, record.get("checksums") or {}))
+    if recorded is None:
+        return Parent(run)  # a record without the hash: nothing to check
+
+    def matches(d: Path) -> bool:
+        return (d / CHECKSUMS).is_file() and file_digest(d / CHECKSUMS) == recorded
+
+    if matches(step_dir):
+        return Parent(run)
+    moved_runs = sorted(
+        (d for d in run.glob(f"{REPLACED_PREFIX}*") if (d / METRICS_FILE).is_file()), reverse=True
+    )
+    for moved in sorted(run.glob(f"{REPLACED_PREFIX}*"), reverse=True):
+        if matches(moved / ckpt.CKPT_DIR / step_dir.name):
+            if moved in moved_runs:
+                return Parent(moved, f"its run dir was overwritten since: the parent run is now in {moved}")
+            return Parent(run, f"its checkpoint was moved aside since, to {moved}")
+    if step_dir.exists():
+        return Parent(
+            None, f"{step_dir} no longer matches lineage.json: the parent was replaced or changed since"
+        )
+    since = "".join(c for c in str(record.get("time", "")) if c.isdigit())
+    after = [d for d in moved_runs if "".join(c for c in d.name if c.isdigit())[:14] >= since[:14]]
+    if after:
+        return Parent(None, f"its run dir was overwritten since (the earlier run moved to {after[0]}) and "
+                      f"{step_dir.name} is gone: the parent cannot be found")  # fmt: skip
+    return Parent(run, f"{step_dir.name} has been rotated away since: not checked")
+
+
+def _hf_changed(source: Path, sums: dict) -> str:
+    """An HF source's note: empty while its files match their recorded hashes."""
+    from mars.checkpoint.checksums import file_digest
+
+    for name, digest in sums.items():
+        if not (source / name).is_file() or file_digest(source / name) != digest:
+            return f"{source / name} has changed or is gone since"
+    return ""
 
 
 def read_lineage(run_dir: str | os.PathLike) -> dict | None:

@@ -85,6 +85,12 @@ def is_trainer_key(key: str) -> bool:
     return key in TRAINER_KEYS or key.startswith(TRAINER_FAMILIES)
 
 
+def can_log(key: str) -> bool:
+    """Whether some run can write `key` into metrics.jsonl: the trainer (TRAINER_KEYS, TRAINER_FAMILIES)
+    or a registered metric (its name, or NAME/KEY for a metric that returns a dict)."""
+    return is_trainer_key(key) or any(key == n or key.startswith(n + "/") for n in _REGISTERED)
+
+
 def register_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
     """Log ``fn(model, optimizer)`` on every training line of metrics.jsonl (and wandb) as ``name``; a
     dict it returns is logged as ``name/KEY`` per entry. ``model`` is the bare model (no DDP / compile

@@ -5,10 +5,10 @@ Rules (checked on rank 0 before any data is read or a process group exists):
     `train.resume=auto` of it while it is live, is refused in one line naming the process that holds it;
   * a new run (no train.resume) refuses a run dir that already holds a run (checkpoints or
     metrics.jsonl): resume it, or choose another hydra.run.dir; train.overwrite=true moves the old run
-    (with its .hydra/ and train.log) aside into RUN_DIR/replaced-<time>/ instead (nothing is deleted,
-    nothing is mixed). Both happen before Hydra writes into the run dir (`claim`; for the job dirs of
-    a -m sweep, `claim_sweep`, which first takes the lock of every job dir: a live run in one refuses
-    the sweep before anything of any job is moved);
+    (its checkpoints, metrics, lineage and outcome.json, with its .hydra/ and train.log) aside into
+    RUN_DIR/replaced-<time>/ instead (nothing is deleted, nothing is mixed). Both happen before Hydra
+    writes into the run dir (`claim`; for the job dirs of a -m sweep, `claim_sweep`, which first takes
+    the lock of every job dir: a live run in one refuses the sweep before anything of any job is moved);
   * train.resume=auto continues the newest usable, healthy checkpoint of the run dir: a newer one that
     fails verification (truncated, corrupt, a checksum mismatch, non-finite weights) or that meta.json
     marks unhealthy (saved within train.health_window steps of a divergence alarm) is moved aside, and
@@ -45,11 +45,15 @@ from mars.train import runlock
 from mars.train.config import ConfigError
 from mars.train.lineage import LINEAGE_FILE, given, source_checkpoint
 from mars.train.metrics import METRICS_FILE
+from mars.train.outcome import OUTCOME_FILE
 from mars.train.resume import check_resume_config
 
 log = logging.getLogger("mars.train")
 
-ARTIFACTS = (ckpt.CKPT_DIR, METRICS_FILE, "wandb", LINEAGE_FILE)
+# what a run leaves in its run dir, moved aside together (train.overwrite=true, a fresh start): an
+# outcome.json left behind would speak for the next run (a killed run reading "completed", or a
+# divergence refusing the next run's resume=auto)
+ARTIFACTS = (ckpt.CKPT_DIR, METRICS_FILE, "wandb", LINEAGE_FILE, OUTCOME_FILE)
 HYDRA_FILES = (".hydra", "train.log")  # what Hydra writes into a run dir (job name "train")
 NO_RESUME = (None, "", "none", "null")
 

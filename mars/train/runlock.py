@@ -85,6 +85,23 @@ def held(run_dir: str | os.PathLike) -> bool:
     return Path(run_dir).resolve() in _held
 
 
+def busy(run_dir: str | os.PathLike) -> bool:
+    """True when a live process (this one or another) holds the lock of run_dir."""
+    if held(run_dir):
+        return True
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def _open_lock_file(path: Path, key: str) -> int:
     """The descriptor of path/LOCK_FILE (path created if missing); RunDirLockError when it cannot be."""
     lock = path / LOCK_FILE

@@ -153,6 +153,7 @@ class Trainer:
             seed=t.seed if t.data_seed is None else t.data_seed,
             sequential=c.data.sequential,
             device=str(self.device),
+            dataset=(str(dataset.path), dataset.train_digest),
         )
         self.accum_steps = self.loader.grad_accum_steps
         self.val_loader = None

@@ -1,4 +1,4 @@
-"""The edge check (mars.analysis.edges) on synthetic objectives, on grids, and as report.py --edges."""
+"""The edge check (mars.analysis.edges: bracketing) on synthetic objectives, grids, and report.py --edges."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from analysis_helpers import EVAL_TOKENS, config, power_law, write_run
 from scipy.stats import qmc
 
-from mars.analysis.edges import Range, find_edges, swept_range
+from mars.analysis.edges import Range, find_edges, sides, swept_range
 from mars.analysis.metric import metric_of
 
 RANGES = {"lr": Range(1e-4, 1e-1, log=True), "gamma": Range(0.0, 0.2)}
@@ -70,8 +70,40 @@ def test_a_key_without_effect_fires_by_chance_unless_the_tolerance_covers_the_no
     assert quiet == []
 
 
+@pytest.mark.parametrize("n", [1, 2, 4, 16])
+def test_a_monotone_metric_is_an_edge_however_few_points(n):
+    """The loss falls with lr over the whole range: its best is never bracketed above, with 1 point or 16
+    (the old outer-tenth rule said "at the optimum" for a best at 0.036 of a range up to 0.1)."""
+    points = [
+        ({"lr": p["lr"], "gamma": p["gamma"]}, -math.log(p["lr"])) for p, _ in sobol_points(bowl(1, 0), n)
+    ]
+    edges = find_edges(points, {"lr": RANGES["lr"]}, arm="AdamW")
+    assert ("lr", "upper") in {(e.key, e.bound) for e in edges}
+    best = max(p["lr"] for p, _ in points)
+    (upper,) = [e for e in edges if e.bound == "upper"]
+    assert upper.best == best and upper.beyond == 0 and "highest tried" in upper.line()
+
+
+def test_an_interior_optimum_with_a_worse_point_on_each_side_is_no_edge():
+    points = [({"lr": lr}, math.log(lr / 3e-3) ** 2) for lr in (1e-3, 3e-3, 1e-2)]
+    assert find_edges(points, {"lr": RANGES["lr"]}) == []
+    lower, upper = sides(points, "lr")
+    assert (lower.nearest, upper.nearest) == (1e-3, 1e-2) and lower.worse_by == pytest.approx(
+        math.log(3) ** 2
+    )
+    # a diverged point beyond the best brackets it: the metric rose there without bound
+    assert find_edges([*points[:2], ({"lr": 1e-2}, math.nan)], {"lr": RANGES["lr"]}) == []
+
+
+def test_points_within_the_tolerance_beyond_the_best_leave_an_edge():
+    flat = [({"lr": lr}, v) for lr, v in ((1e-3, 5.30), (2e-3, 5.10), (4e-3, 5.00), (8e-3, 5.02))]
+    assert find_edges(flat, {"lr": RANGES["lr"]}) == []  # 8e-3 is worse than 4e-3: bracketed
+    (edge,) = find_edges(flat, {"lr": RANGES["lr"]}, tolerance=0.05)
+    assert (edge.bound, edge.beyond, edge.best) == ("upper", 1, 4e-3)
+    assert "the 1 trial(s) above the best lr found, 0.004, are within the tolerance (0.05)" in edge.line()
+
+
 def test_a_grid_is_judged_by_its_swept_values():
-    assert swept_range([2e-3, 4e-3, 8e-3]).log and not swept_range([0.0, 0.0125, 0.025, 0.05]).log
     grid = [({"lr": lr}, v) for lr, v in ((2e-3, 5.41), (4e-3, 5.46), (8e-3, 5.55))]
     (edge,) = find_edges(grid, {"lr": swept_range([2e-3, 4e-3, 8e-3])}, arm="AdamW")
     assert (edge.key, edge.bound, edge.value) == ("lr", "lower", 2e-3)
@@ -98,7 +130,7 @@ def test_report_py_edges_names_the_bound_on_a_grid(tmp_path, capsys):
 
     assert report_main([str(_grid(tmp_path / "low", 1e-3)), "--edges", "--out", str(tmp_path / "r1")]) == 0
     out = capsys.readouterr().out
-    assert "AdamW: optimizer.lr swept over 0.002, 0.004, 0.008 (log positions)" in out
+    assert "AdamW: optimizer.lr swept over 0.002, 0.004, 0.008" in out
     assert "edge: AdamW: the best optimizer.lr found, 0.002, sits at the lower bound" in out
     assert "Edges of the swept ranges:" in (tmp_path / "r1" / "report.md").read_text()
 

@@ -259,8 +259,21 @@ def test_prepare_refuses_a_directory_with_other_settings(tmp_path, docs, capsys)
     with pytest.warns(UserWarning, match="other sizes"):
         assert prep.ensure_prepared(cfg) == out
     cfg.text_field = "body"
-    with pytest.raises(ManifestError, match="other documents"):
+    with pytest.raises(ManifestError, match="other documents") as e:
         prep.ensure_prepared(cfg)
+    command = str(e.value).split("prepare into another directory: ")[1]
+    assert command.count("data.dir=") == 1 and "data.dir=NEW_NAME" in command  # named once, not twice
+
+
+def test_an_unprepared_local_corpus_without_paths_asks_for_them(tmp_path):
+    """The command the refusal gives must be one that can work: without data.paths it could not."""
+    cfg = local_cfg(tmp_path / "data", [])
+    with pytest.raises(DataNotPreparedError) as e:
+        prep.ensure_prepared(cfg)
+    assert "and data.paths is empty: name your files" in str(e.value)
+    assert "python scripts/prepare_data.py data=local" in str(e.value) and "'data.paths=[FILES...]'" in str(
+        e.value
+    )
 
 
 # ----------------------------------------------------------------------------- write_shards directly

@@ -5,8 +5,9 @@ head of the stream) are named, trained on as they are, and re-split by one comma
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shlex
-import warnings
 from dataclasses import replace
 
 import datasets
@@ -184,7 +185,7 @@ def _old_rule(directory) -> None:
         (directory / name).write_text(json.dumps(record))
 
 
-def test_a_directory_split_by_the_old_rule_is_named_used_and_resplit_by_one_command(tmp_path, capsys):
+def test_a_directory_split_by_the_old_rule_is_named_used_and_resplit_by_one_command(tmp_path, capsys, caplog):
     docs = topic_docs(60, seed=3)
     path = write_jsonl(tmp_path / "d.jsonl", docs)
     cfg = local_cfg(tmp_path / "data", [path], val_tokens=300, shard_tokens=2000)  # the default rule
@@ -193,11 +194,11 @@ def test_a_directory_split_by_the_old_rule_is_named_used_and_resplit_by_one_comm
     files = ("manifest.json", "progress.json", *(p.name for p in out.glob("*.bin")))
     before = {name: (out / name).read_bytes() for name in files}
 
-    # training uses it as prepared and says what it is, and how to re-split it
-    with pytest.warns(UserWarning) as caught:
-        assert prep.ensure_prepared(cfg) == out
-        held_out = open_dataset(cfg).val[0]  # what the trainer reads
-    note = str(caught[0].message)
+    # training uses it as prepared and says what it is, and how to re-split it: once, in its log (train.log)
+    caplog.set_level(logging.WARNING, logger="mars.data")
+    assert prep.ensure_prepared(cfg) == out
+    held_out = open_dataset(cfg).val[0]  # what the trainer reads
+    (note,) = [r.getMessage() for r in caplog.records if r.name == "mars.data.prepare"]
     assert note.startswith(f"{out} was split by the old rule: its validation split is the first 300 tokens")
     assert note.endswith(" resplit=true") and "\n" not in note
     np.testing.assert_array_equal(held_out, expected_splits(docs, 300)[0])
@@ -220,9 +221,9 @@ def test_a_directory_split_by_the_old_rule_is_named_used_and_resplit_by_one_comm
     val, train = expected_splits(docs, 300, split_seed=SPLIT_SEED)
     np.testing.assert_array_equal(read_split(out, "val"), val)
     np.testing.assert_array_equal(read_split(out, "train"), train)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        prep.ensure_prepared(cfg)  # now without a note
+    caplog.clear()
+    prep.ensure_prepared(cfg)  # now without a note
+    assert not caplog.records
 
     # another seed: refused by the prepare command, used as prepared (with the note) by training
     other = replace(cfg, split_seed=7)
@@ -232,8 +233,10 @@ def test_a_directory_split_by_the_old_rule_is_named_used_and_resplit_by_one_comm
     assert f"prepared with data.split_seed={SPLIT_SEED}, another sample" in message
     assert f"pass data.split_seed={SPLIT_SEED} to use it" in message and "data.split_seed=7 " in message
     assert message.endswith(" resplit=true") and "\n" not in message
-    with pytest.warns(UserWarning, match=f"data.split_seed={SPLIT_SEED}, another sample.*training uses it"):
-        prep.ensure_prepared(other)
+    prep.ensure_prepared(other)
+    assert re.search(
+        f"data.split_seed={SPLIT_SEED}, another sample.*training uses it", caplog.records[-1].getMessage()
+    )
     run_prepare(other, resplit=True)
     assert json.loads((out / "manifest.json").read_text())["val_split"]["seed"] == 7
 
@@ -276,3 +279,35 @@ def test_the_embedded_corpus_keeps_its_split(embedded_dir):
     """Its documents are shuffled (data.seed): the validation split is the head of them, as before."""
     manifest = json.loads((embedded_dir / "manifest.json").read_text())
     assert manifest["val_split"] == {"rule": "head"} and "split_seed" not in manifest["config"]
+
+
+def test_a_resplit_waits_for_no_live_run_and_a_resume_after_it_is_refused(tmp_path):
+    """resplit=true rewrites the shards: refused while a run reads them (each run holds the dataset's
+    readers' lock while it lives); after it, a resume would read other documents: its loader refuses the
+    checkpoint's state (the training documents' digest differs); the embedded corpus is never re-split."""
+    import gc
+
+    from mars.data.errors import DataError
+    from mars.data.loader import BatchLoader
+    from mars.data.shards import open_dataset
+
+    docs = topic_docs(60, seed=5)
+    cfg = local_cfg(tmp_path / "data", [write_jsonl(tmp_path / "d.jsonl", docs)], shard_tokens=2000)
+    prep.prepare(cfg, progress_bar=False)
+    live = open_dataset(cfg)  # a run's dataset
+
+    def loader(dataset):
+        return BatchLoader(dataset.train, 8, 2, 2, dataset=(str(dataset.path), dataset.train_digest))
+
+    state = loader(live).state_dict()  # what its checkpoint holds
+    other = replace(cfg, split_seed=7)
+    with pytest.raises(DataError, match="resplit=true: .* is being read by a live training run"):
+        prep.prepare(other, progress_bar=False, resplit=True)
+    del live
+    gc.collect()
+    prep.prepare(other, progress_bar=False, resplit=True)  # the run has ended
+    resumed = loader(open_dataset(other))
+    with pytest.raises(DataError, match="was prepared again since the checkpoint .* other documents"):
+        resumed.load_state_dict(state)
+    with pytest.raises(DataError, match="resplit=true: the embedded corpus is never split again"):
+        prep.prepare(DataConfig(root=str(tmp_path / "data")), progress_bar=False, resplit=True)

@@ -18,8 +18,13 @@ import export_hf as export_script  # noqa: E402
 
 
 def real_logits(model, idx):
+    """Our logits over the rows that enter the softmax: every row, or the first live_vocab_size (the
+    others are -inf)."""
     with torch.no_grad():
-        return model(idx)[0][..., :VOCAB_SIZE]
+        logits = model(idx)[0]
+    live = model.config.live_vocab_size or model.config.vocab_size
+    assert torch.all(logits[..., live:] == float("-inf"))
+    return logits[..., :live]
 
 
 def assert_same_state(a, b):
@@ -45,7 +50,7 @@ def variant(model, **changes):
 def test_exported_logits_match_for_every_preset_width(make_model, preset):
     p = GPT_PRESETS[preset]
     # the full padded vocabulary at the tiny width; a small one at the big widths keeps this fast
-    # (the vocabulary slicing does not depend on the width)
+    # (the vocabulary does not depend on the width)
     vocab = p.vocab_size if preset == "gpt2_tiny" else 1024
     idx = torch.randint(0, min(vocab, VOCAB_SIZE), (1, 16))
     base = make_model(n_head=p.n_head, n_embd=p.n_embd, block_size=32, vocab_size=vocab, bias=True)
@@ -53,7 +58,7 @@ def test_exported_logits_match_for_every_preset_width(make_model, preset):
         for scaled in (False, True):
             model = variant(base, bias=bias, scale_attn_by_inverse_layer_idx=scaled)
             hf = to_hf(model)
-            assert hf.config.vocab_size == min(vocab, VOCAB_SIZE) and hf.config.n_positions == 32
+            assert hf.config.vocab_size == vocab and hf.config.n_positions == 32  # every row: padding too
             assert hf.config.scale_attn_by_inverse_layer_idx is scaled
             with torch.no_grad():
                 theirs = hf(idx).logits
@@ -93,23 +98,43 @@ def test_to_hf_copies_weights(make_model):
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_export_then_import_is_bit_identical(make_model, bias):
+    """Every tensor, the padding rows included (they enter the softmax, trained like any row), both ways:
+    ours -> HF -> ours, and HF -> ours -> HF."""
     model = make_model(vocab_size=50304, bias=bias, dropout=0.1)
     back = from_hf(to_hf(model))
     assert back.config == model.config
     assert back.lm_head.weight is back.transformer.wte.weight
-    ours, theirs = model.state_dict(), back.state_dict()
-    for k in ours:
-        if k in ("transformer.wte.weight", "lm_head.weight"):
-            assert torch.equal(theirs[k][:VOCAB_SIZE], ours[k][:VOCAB_SIZE])
-            assert torch.count_nonzero(theirs[k][VOCAB_SIZE:]) == 0  # padding rows come back as zeros
-        else:
-            assert torch.equal(theirs[k], ours[k]), k
-    # with zero padding rows the round trip is exact in every tensor, and HF -> ours -> HF too
-    with torch.no_grad():
-        model.transformer.wte.weight[VOCAB_SIZE:] = 0
-    assert_same_state(model, from_hf(to_hf(model)))
+    assert_same_state(model, back)
     hf = to_hf(model)
     assert_same_state(hf, to_hf(from_hf(hf)))
+
+
+def test_a_model_with_masked_rows_exports_the_rows_it_has():
+    """A transformers GPT-2 with its 50257 rows imports as 50304 rows with the 47 it lacks masked out of
+    the softmax: its logits over its rows, and so its loss, are the transformers model's; exported, it
+    is that model again, and imported again, this one."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(
+        GPT2Config(vocab_size=VOCAB_SIZE, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    ).eval()
+    model = from_hf(hf).eval()
+    assert (model.config.vocab_size, model.config.live_vocab_size) == (50304, VOCAB_SIZE)
+    idx = torch.randint(0, VOCAB_SIZE, (2, 16))
+    targets = torch.randint(0, VOCAB_SIZE, (2, 16))
+    with torch.no_grad():
+        theirs = hf(idx, labels=None).logits
+        torch.testing.assert_close(real_logits(model, idx), theirs, rtol=0, atol=1e-5)
+        ours_loss = model(idx, targets)[1]
+        their_loss = torch.nn.functional.cross_entropy(theirs.flatten(0, 1), targets.flatten())
+    assert abs(ours_loss.item() - their_loss.item()) < 1e-6
+    again = to_hf(model)
+    assert again.config.vocab_size == VOCAB_SIZE and again.config.mars_vocab_size == 50304
+    assert_same_state(hf, again)
+    back = from_hf(again)
+    assert_same_state(model, back)
+    assert back.config == model.config
 
 
 def test_small_vocab_is_exported_whole(make_model):
@@ -130,6 +155,7 @@ def test_import_of_plain_hf_model_detects_bias_and_pads_vocab():
         hf.transformer.h[1].mlp.c_fc.bias.normal_()
     model = from_hf(hf)
     assert model.config.bias and model.config.vocab_size == 50304 and model.config.block_size == 16
+    assert model.config.live_vocab_size == VOCAB_SIZE  # the padding it lacks: out of the softmax
     assert model.config.dropout == hf.config.resid_pdrop
     idx = torch.randint(0, VOCAB_SIZE, (2, 16))
     with torch.no_grad():

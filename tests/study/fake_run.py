@@ -7,7 +7,7 @@ overrides.yaml, metrics.jsonl, outcome.json) whose final val/loss is a known fun
 A trial diverges (outcome "diverged", exit status 1) when lr > DIVERGE_LR, and fails without an outcome
 (exit status 1, an `error:` line) when its run dir's path contains $FAKE_FAIL. $FAKE_SLEEP seconds of
 "training" (SIGTERM during them: outcome "preempted", exit 0, as the trainer). $FAKE_LEDGER: a file
-that gets one line per run started ("RUN_DIR resume" or "RUN_DIR fresh"), to count what ran.
+that gets one line per run started ("RUN_DIR resume PID" or "RUN_DIR fresh PID"), to count what ran.
 The optimum can be moved with $FAKE_OPT_LR and $FAKE_OPT_GAMMA.
 
 Budgets and sizes (mars.study.budgets): train.max_steps and model.n_embd add a known law,
@@ -44,7 +44,7 @@ def objective(lr: float, gamma: float | None, seed: int, scale: float = 0.0) -> 
 
 
 def parse(args: list[str]) -> tuple[Path, dict, list[str]]:
-    run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
+    run_dir = Path(yaml.safe_load(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir="))))
     overrides = [a for a in args if not a.startswith("hydra.")]
     values = {}
     for a in overrides:
@@ -90,7 +90,7 @@ def write_run(args: list[str]) -> int:
         return 1
     if os.environ.get("FAKE_LEDGER"):
         with open(os.environ["FAKE_LEDGER"], "a") as f:
-            f.write(f"{run_dir} {'resume' if resume else 'fresh'}\n")
+            f.write(f"{run_dir} {'resume' if resume else 'fresh'} {os.getpid()}\n")
     if os.environ.get("FAKE_FAIL") and os.environ["FAKE_FAIL"] in str(run_dir):
         print("error: data/embedded/train_000000.bin is damaged (fake)", file=sys.stderr)
         return 1

@@ -111,8 +111,8 @@ def test_an_adopted_trial_waits_until_its_old_process_let_go_of_the_run_dir(tmp_
     def old_process():  # still saving its checkpoint when the study is rerun
         with runlock.hold(run_dir):
             holding.set()
-            time.sleep(0.5)
-            released.append(time.time())
+            time.sleep(0.5)  # (how long it saves, not a synchronisation)
+            released.append(time.time())  # taken before it lets go: the driver may start in the same instant
 
     holder = threading.Thread(target=old_process)
     holder.start()
@@ -245,3 +245,90 @@ def test_run_dirs_the_storage_does_not_know_are_refused(tmp_path):
         StudyError, match=r"search/adamw/000 holds a run that study.storage=.* does not record"
     ):
         driver_of(study)
+
+
+def _table_row(driver, arm: str, key: str) -> list[str]:
+    """The study report's sensitivity row of an arm's key (the table alone: no figures drawn)."""
+    from mars.study.report import _sensitivity_table, collect
+
+    table = _sensitivity_table(collect(driver), driver.metric, driver.study.spec["edges"]["tolerance"])
+    return next(line for line in table.splitlines() if line.startswith(f"| {arm} | {key} |")).split(" | ")
+
+
+@pytest.mark.parametrize("trials", [1, 2, 4])
+def test_a_loss_falling_over_the_whole_range_is_an_edge_however_few_trials(tmp_path, monkeypatch, trials):
+    """study=smoke's case: AdamW's loss falls with lr over its whole range, its best is the highest lr
+    tried: not at the optimum, in the verdict and in the sensitivity table alike."""
+    from mars.study.report import collect
+
+    monkeypatch.setenv("FAKE_OPT_LR", "10")  # beyond the range: the loss falls monotonically with lr
+    monkeypatch.setattr(fake_run, "DIVERGE_LR", 100.0)
+    driver = run_fake(study_of(tmp_path / "m", trials=trials))
+    rep = next(r for r in collect(driver) if r.name == "adamw")
+    highest = max(t.params["optimizer.lr"] for t in rep.search)
+    assert [(e.key, e.bound, e.best) for e in rep.edges if e.bound == "upper"] == [
+        ("optimizer.lr", "upper", highest)
+    ]
+    assert rep.where().startswith("not at the optimum") and not rep.at_optimum
+    assert _table_row(driver, "adamw", "optimizer.lr")[5] == "none: an edge"  # as the verdict says
+
+
+def test_an_interior_optimum_is_bracketed_and_at_the_optimum(tmp_path):
+    from mars.study.report import collect
+
+    driver = run_fake(study_of(tmp_path / "i", trials=8))  # the fake's optimum lr 3e-3 lies inside
+    rep = next(r for r in collect(driver) if r.name == "adamw")
+    assert rep.edges == [] and rep.limits == [] and rep.where() == "yes"
+    row = _table_row(driver, "adamw", "optimizer.lr")
+    assert "(+" in row[4] and "(+" in row[5]  # a worse trial below and above the best
+
+
+def test_drivers_know_each_other_through_the_storage_alone(tmp_path):
+    """Liveness and the ask lock live in the storage (mars.study.storage): a driver on another machine is
+    alive while its heartbeat is fresh; one of this machine whose process is gone is dead at once; the ask
+    lock of a dead driver passes to the next one that asks."""
+    import datetime
+
+    from sqlalchemy import func, insert, select, update
+
+    from mars.study.storage import DRIVER_ROWS, LOCK_ROWS, STALE_S, DriverLock, open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    me = DriverLock()
+    me.acquire(storage, "s")
+    try:
+        with storage.engine.begin() as c:
+            now = c.execute(select(func.now())).scalar()
+            if isinstance(now, str):
+                now = datetime.datetime.fromisoformat(now)
+            rows = [("far-1-a", "another-machine", 1, now), ("here-1-b", me.host, 2**22 + 7, now)]
+            for driver, host, pid, beat in rows:
+                c.execute(insert(DRIVER_ROWS).values(study="s", driver=driver, host=host, pid=pid, beat=beat))
+        assert me.alive("far-1-a") and not me.alive("here-1-b")  # no such pid on this machine
+        assert not me.alive("never-registered") and not me.alive(None)
+        old = now - datetime.timedelta(seconds=2 * STALE_S)
+        with storage.engine.begin() as c:
+            c.execute(update(DRIVER_ROWS).where(DRIVER_ROWS.c.driver == "far-1-a").values(beat=old))
+            c.execute(update(LOCK_ROWS).where(LOCK_ROWS.c.study == "s").values(holder="far-1-a"))
+        assert not me.alive("far-1-a")  # its heartbeat stopped: gone
+        with me.ask():  # the dead driver's lock is taken over
+            with storage.engine.connect() as c:
+                assert c.execute(select(LOCK_ROWS.c.holder)).scalar() == me.id
+    finally:
+        me.release()
+    with storage.engine.connect() as c:  # a driver that stops leaves no row and no lock
+        assert c.execute(select(LOCK_ROWS.c.holder)).scalar() is None
+        assert me.id not in {r.driver for r in c.execute(select(DRIVER_ROWS.c.driver))}
+
+
+def test_a_study_dir_moved_elsewhere_is_still_its_study(tmp_path):
+    """The storage records trials' run dirs as absolute paths; a study dir moved (or copied) elsewhere
+    reads them under its new place: every check passes, the trials and finals are found there."""
+    from mars.study.report import collect, verdict_command
+
+    before = trials_of(run_fake(study_of(tmp_path / "here")))
+    (tmp_path / "here").rename(tmp_path / "there")
+    driver = driver_of(study_of(tmp_path / "there"))  # refused before: "holds a run that ... does not record"
+    assert trials_of(driver) == before and driver.done()
+    dirs, _, _ = verdict_command(driver, collect(driver))
+    assert dirs and all(str(d).startswith(str(tmp_path / "there")) and d.is_dir() for d in dirs)

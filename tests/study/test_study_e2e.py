@@ -73,14 +73,15 @@ def test_a_driver_killed_mid_way_resumes_with_only_the_missing_trials(tmp_path, 
         time.sleep(0.05)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    time.sleep(1.0)  # the trials it ran got SIGTERM (they die with their driver) and stop
-    before = _lines(ledger)
+    for line in _lines(ledger):  # the trials it ran got SIGTERM (they die with their driver): wait for them
+        _wait_gone(int(line.split()[2]))
+    before = _lines(ledger)  # (a trial launched as its driver died and not yet in it dies before writing)
     assert 7 <= len(before) < 12
 
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     after = _lines(ledger)[len(before) :]
-    runs = [tuple(line.split()) for line in before + after]  # (run dir, fresh | resume)
+    runs = [tuple(line.split()[:2]) for line in before + after]  # (run dir, fresh | resume)
     fresh = [d for d, how in runs if how == "fresh"]
     assert len(fresh) == len(set(fresh))  # no trial starts from scratch twice
     assert len({d for d, _ in runs}) == 12  # every trial ran
@@ -111,6 +112,17 @@ def test_trials_run_through_submitit(tmp_path, data_root):
     assert [len(study["arms"][a]["search"]) for a in ("adamw", "mars_adamw")] == [1, 1]
     assert all(t["status"] == "completed" for a in study["arms"].values() for t in a["search"] + a["finals"])
     assert any((study_dir / ".submitit").iterdir())
+
+
+def _wait_gone(pid: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"trial process {pid} outlived its killed driver by {timeout} s")
 
 
 def _lines(path: Path) -> list[str]:

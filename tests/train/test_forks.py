@@ -191,14 +191,15 @@ def test_init_from_a_run_takes_its_weights_alone(data_root, tmp_path, trunk):
     )
 
 
-def hf_dir(family: str, path: Path) -> Path:
-    """A tiny transformers-made model directory of the shape TINY_MODEL (+ LLAMA) gives."""
+def hf_dir(family: str, path: Path, vocab: int = 50304) -> Path:
+    """A tiny transformers-made model directory of the shape TINY_MODEL (+ LLAMA) gives (GPT-2: with
+    `vocab` rows; 50257 is GPT-2's own)."""
     import transformers
 
     torch.manual_seed(0)
     if family == "gpt2":
         config = transformers.GPT2Config(
-            vocab_size=50304, n_positions=32, n_embd=32, n_layer=1, n_head=2, bos_token_id=50256,
+            vocab_size=vocab, n_positions=32, n_embd=32, n_layer=1, n_head=2, bos_token_id=50256,
             eos_token_id=50256, scale_attn_by_inverse_layer_idx=True,
         )  # fmt: skip
         model = transformers.GPT2LMHeadModel(config)
@@ -218,15 +219,20 @@ def hf_dir(family: str, path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "family, model",
-    [("gpt2", ["model.bias=true"]), ("llama", [*LLAMA, "model.mlp_hidden=128"])],
-    ids=["gpt2", "llama"],
+    "family, model, vocab",
+    [
+        ("gpt2", ["model.bias=true"], 50304),
+        ("gpt2", ["model.bias=true"], 50257),  # GPT-2's own vocabulary: the 47 padding rows masked out
+        ("llama", [*LLAMA, "model.mlp_hidden=128"], 50304),
+    ],
+    ids=["gpt2", "gpt2-50257", "llama"],
 )
-def test_init_from_a_hugging_face_directory(monkeypatch, capsys, data_root, tmp_path, family, model):
-    """The first step's loss is the HF model's loss on that batch, and training goes on from there."""
+def test_init_from_a_hugging_face_directory(monkeypatch, capsys, data_root, tmp_path, family, model, vocab):
+    """The first step's loss is the HF model's loss on that batch (a transformers GPT-2 with 50257 rows
+    too: the rows model.vocab_size=50304 adds are out of the softmax), and training goes on from there."""
     import transformers
 
-    source = hf_dir(family, tmp_path / "hf")
+    source = hf_dir(family, tmp_path / "hf", vocab)
     overrides = [*tiny_overrides(data_root, max_steps=3), *model, f"train.init_from={source}"]
     tr = Trainer(compose(overrides), tmp_path / "run", DistInfo())
     hf = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
@@ -239,6 +245,9 @@ def test_init_from_a_hugging_face_directory(monkeypatch, capsys, data_root, tmp_
     tr.fit()
     losses = {r["step"]: r["train/loss"] for r in lines(tmp_path / "run") if "train/loss" in r}
     assert losses[1] == pytest.approx(want, rel=1e-5)  # step 1's line: the loss of batch 0 at the HF weights
+    if vocab < 50304:  # the checkpoints keep the mask, and an export is the transformers model's shape
+        saved = json.loads((tmp_path / "run" / "ckpt" / "step_00000003" / "model.json").read_text())
+        assert saved["live_vocab_size"] == vocab
     assert all(map(torch.isfinite, map(torch.tensor, losses.values()))) and len(set(losses.values())) == 3
     record = read_lineage(tmp_path / "run")
     assert record["kind"] == "init" and record["format"] == "hf" and "config.json" in record["checksums"]
@@ -341,3 +350,71 @@ def test_reports_and_plots_show_a_forks_lineage(monkeypatch, capsys, tmp_path, d
     figure = curves_figure(runs)
     # per run: its own curve, the parent's up to the fork and the fork mark (train loss, tokens axis)
     assert len(figure.axes[0].lines) == 3 * len(runs)
+
+
+class _Payload:
+    """What a hostile pytorch_model.bin may hold: unpickling it would run print."""
+
+    def __reduce__(self):
+        return (print, ("UNPICKLED AND RAN",))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "other weights", "other config", "pickled code"])
+def test_an_hf_dir_whose_weights_cannot_be_what_it_says_is_one_line_before_the_run_dir(
+    monkeypatch, capsys, data_root, tmp_path, damage
+):
+    """Weights cut short, weights of another model, a config.json of another model, or a weights file
+    holding more than tensors: one line naming the file, before Hydra makes the run dir, nothing run."""
+    import transformers
+
+    source = hf_dir("gpt2", tmp_path / "hf")
+    weights = source / "model.safetensors"
+    if damage == "cut short":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "other weights":  # a 2-layer model's weights under the 1-layer config.json
+        config = transformers.AutoConfig.from_pretrained(source)
+        config.n_layer = 2
+        transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "two")
+        shutil.copy(tmp_path / "two" / "model.safetensors", weights)
+    elif damage == "other config":
+        config = json.loads((source / "config.json").read_text())
+        (source / "config.json").write_text(json.dumps({**config, "n_embd": 64}))
+    else:
+        weights.unlink()
+        torch.save({"transformer.wte.weight": _Payload()}, source / "pytorch_model.bin")
+    capsys.readouterr()  # transformers' own progress bars while the directory was written
+    run_dir = tmp_path / "run"
+    args = [
+        *tiny_overrides(data_root, max_steps=2),
+        "model.bias=true",
+        "model.n_embd=64" if damage == "other config" else "model.n_embd=32",
+    ]
+    code, out, err = run_cli(
+        monkeypatch, capsys, [*args, f"train.init_from={source}", f"hydra.run.dir={run_dir}"]
+    )
+    assert code == 1, err
+    file = source / ("pytorch_model.bin" if damage == "pickled code" else "model.safetensors")
+    fragment = {
+        "cut short": "cannot be read",
+        "other weights": "does not hold the model",
+        "other config": "wte.weight has shape [50304, 32] there, [50304, 64] by config.json",
+        "pickled code": "holds Python objects besides tensors",
+    }[damage]
+    assert_one_line(err, f"train.init_from={source}: {file}", fragment)
+    assert "weights_only=False" not in err and "UNPICKLED AND RAN" not in out + err
+    assert not run_dir.exists()
+
+
+def test_init_from_a_runs_export_equals_init_from_the_run(data_root, tmp_path, trunk):
+    """scripts/export_hf.py carries every row that enters the softmax (the trained padding rows too), so
+    starting from the export is starting from the run: the same losses, step by step."""
+    from mars.checkpoint.export import export_hf
+
+    export = export_hf(trunk, tmp_path / "hf")
+    runs = {}
+    for name, source in (("run", trunk), ("export", export)):
+        cfg = compose([*tiny_overrides(data_root, max_steps=3), f"train.init_from={source}"])
+        Trainer(cfg, tmp_path / name, DistInfo()).fit()
+        runs[name] = [r["train/loss"] for r in lines(tmp_path / name) if "train/loss" in r]
+    assert len(runs["run"]) == 3
+    assert runs["export"] == pytest.approx(runs["run"], abs=1e-6, rel=0)

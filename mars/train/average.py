@@ -67,8 +67,8 @@ def check(train_cfg, schedule_cfg) -> None:
         isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0 < decay < 1
     ):
         raise ValueError(
-            f"train.average_decay={_text(decay)} must lie in (0, 1) (the share of the average kept each step, "
-            "e.g. 0.999: about the last 1000 steps)"
+            f"train.average_decay={_text(decay)} must lie in (0, 1) (the share of the average kept each "
+            "step, e.g. 0.999: about the last 1000 steps)"
         )
     if kind not in STARTS:
         return
@@ -82,8 +82,8 @@ def check(train_cfg, schedule_cfg) -> None:
             or (start >= 1 and start != int(start))
         ):
             raise ValueError(
-                f"train.average_start={_text(start)} must be a whole step (>= 1) or a fraction of train.max_steps "
-                "in [0, 1) (e.g. 0.8: the last fifth of the run)"
+                f"train.average_start={_text(start)} must be a whole step (>= 1) or a fraction of "
+                "train.max_steps in [0, 1) (e.g. 0.8: the last fifth of the run)"
             )
     step = start_step(start, max_steps, schedule_cfg)
     if step >= max_steps:

@@ -129,6 +129,47 @@ def load_model_state(model: torch.nn.Module, step_dir: str | os.PathLike) -> Non
     inner.load_state_dict(state, strict=True)
 
 
+def _finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t.full_tensor() if hasattr(t, "full_tensor") else t).all())
+
+
+def _model_file(rel: str) -> bool:
+    """The files load_model reads: the model's config and weights (a sharded checkpoint's shard files)."""
+    return rel in (MODEL_CONFIG, MODEL_WEIGHTS) or rel.startswith(f"{SHARDED_DIR}/")
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", average: bool = False):
+    """Load the model a run dir / ckpt dir / step dir / model dir names (see find_checkpoint), of the
+    architecture its model.json names, in eval mode on `device`, from either format (a sharded
+    checkpoint is gathered into this one process). The files it reads are verified against the
+    checkpoint's checksums first. average=True: the averaged weights the run kept (train.average) in
+    place of its parameters (CheckpointError, one line, for a checkpoint that holds none).
+
+    Returns (model, info): info holds meta.json (when present), "config": the run's config.yaml as a
+    dict (when present), and "path": the checkpoint directory that was loaded.
+    """
+    ckpt = find_checkpoint(path)
+    if average and not ((ckpt / META).is_file() and has_average(ckpt)):
+        raise CheckpointError(no_average(ckpt))
+    if (ckpt / META).is_file():  # a checkpoint (a bare model dir of save_model has no checksums)
+        wanted = _model_file if not average else (lambda rel: _model_file(rel) or rel == AVERAGE_WEIGHTS)
+        checksums.verify(ckpt, read_meta(ckpt), only=wanted)
+    config = read_model_config(ckpt / MODEL_CONFIG)
+    model = spec_for(config).model.empty(config, device)
+    load_model_state(model, ckpt)
+    if average:
+        load_average(dict(model.named_parameters()), ckpt)
+    model.eval()
+
+    info: dict = {}
+    if (ckpt / META).is_file():
+        info.update(read_meta(ckpt))
+    if (ckpt / RUN_CONFIG).is_file():
+        info["config"] = read_run_config(ckpt)
+    info["path"] = str(ckpt)
+    return model, info
+
+
 def has_average(step_dir: str | os.PathLike) -> bool:
     """Whether a checkpoint holds averaged weights (its run trained with train.average)."""
     step_dir = Path(step_dir)
@@ -173,44 +214,3 @@ def load_average(params: dict[str, torch.Tensor], step_dir: str | os.PathLike) -
                 f"{file}: {name} has shape {tuple(tensors[name].shape)}, the model {tuple(dest.shape)}"
             )
         copy_full_(dest, tensors[name])
-
-
-def _finite(t: torch.Tensor) -> bool:
-    return bool(torch.isfinite(t.full_tensor() if hasattr(t, "full_tensor") else t).all())
-
-
-def _model_file(rel: str) -> bool:
-    """The files load_model reads: the model's config and weights (a sharded checkpoint's shard files)."""
-    return rel in (MODEL_CONFIG, MODEL_WEIGHTS) or rel.startswith(f"{SHARDED_DIR}/")
-
-
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", average: bool = False):
-    """Load the model a run dir / ckpt dir / step dir / model dir names (see find_checkpoint), of the
-    architecture its model.json names, in eval mode on `device`, from either format (a sharded
-    checkpoint is gathered into this one process). The files it reads are verified against the
-    checkpoint's checksums first. average=True: the averaged weights the run kept (train.average) in
-    place of its parameters (CheckpointError, one line, for a checkpoint that holds none).
-
-    Returns (model, info): info holds meta.json (when present), "config": the run's config.yaml as a
-    dict (when present), and "path": the checkpoint directory that was loaded.
-    """
-    ckpt = find_checkpoint(path)
-    if average and not ((ckpt / META).is_file() and has_average(ckpt)):
-        raise CheckpointError(no_average(ckpt))
-    if (ckpt / META).is_file():  # a checkpoint (a bare model dir of save_model has no checksums)
-        wanted = _model_file if not average else (lambda rel: _model_file(rel) or rel == AVERAGE_WEIGHTS)
-        checksums.verify(ckpt, read_meta(ckpt), only=wanted)
-    config = read_model_config(ckpt / MODEL_CONFIG)
-    model = spec_for(config).model.empty(config, device)
-    load_model_state(model, ckpt)
-    if average:
-        load_average(dict(model.named_parameters()), ckpt)
-    model.eval()
-
-    info: dict = {}
-    if (ckpt / META).is_file():
-        info.update(read_meta(ckpt))
-    if (ckpt / RUN_CONFIG).is_file():
-        info["config"] = read_run_config(ckpt)
-    info["path"] = str(ckpt)
-    return model, info

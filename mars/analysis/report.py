@@ -38,7 +38,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -70,8 +70,10 @@ from mars.analysis.stats import (
     mean_std,
     tokens_to_target,
 )
-from mars.analysis.time_to_target import SettingTime, TimeRatio, setting_time, time_ratio
 from mars.metrics_jsonl import jsonable
+
+if TYPE_CHECKING:
+    from mars.analysis.time_to_target import SettingTime, TimeRatio
 
 
 @dataclass
@@ -243,6 +245,8 @@ def _times(
 ) -> None:
     """Each group's time to target, its ratios to the baseline's (Holm over the steps ratios) and its
     mean step time split."""
+    from mars.analysis.time_to_target import setting_time, time_ratio
+
     base_runs = groups[base_index].runs
     for g, group in zip(results, groups, strict=True):
         g.time = setting_time(group.runs, m.key, target, m.higher_is_better)
@@ -257,7 +261,7 @@ def _times(
             mine = setting_time([group.runs[i] for i in order], m.key, target, m.higher_is_better)
         g.steps_ratio = time_ratio(mine, base, "steps", bool(order))
         g.seconds_ratio = time_ratio(mine, base, "seconds", bool(order))
-    ratios = [g.steps_ratio for g in results if isinstance(g.steps_ratio, TimeRatio)]
+    ratios = [g.steps_ratio for g in results if not isinstance(g.steps_ratio, str)]
     for r, p in zip(ratios, holm([r.comparison.p for r in ratios]), strict=True):
         r.p_holm = p
 

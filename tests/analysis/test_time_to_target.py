@@ -137,3 +137,19 @@ def test_the_report_gives_time_to_target_and_speedups_per_token_and_per_second(t
     assert mars_js["speedup_per_second"] == pytest.approx(mars.speedup * 0.5)
     assert mars_js["reach_test"]["reached"] and not js["groups"][1]["time_to_target"]["reach_test"]["reached"]
     assert math.isclose(mars_js["seconds_median"], 2 * mars_js["steps_median"] / 10, rel_tol=1e-9)
+
+
+def test_the_performance_profile_counts_the_cells_within_tau_of_the_best():
+    """AlgoPerf's rho(tau) over cells: costs from each arm's loss over budgets (linear in tokens between
+    budgets; already there at the smallest: its tokens; never: infinite)."""
+    from mars.analysis.profile import profile, ratios, tokens_to_reach
+
+    curve = [(100.0, 5.0), (200.0, 4.0), (400.0, 3.0)]
+    assert tokens_to_reach(curve, 4.5) == 150.0 and tokens_to_reach(curve, 6.0) == 100.0
+    assert tokens_to_reach(curve, 2.0) == math.inf
+    costs = {"x": {"a": 100.0, "b": 150.0, "c": math.inf}, "y": {"a": 300.0, "b": 200.0, "c": 400.0}}
+    r = ratios(costs)  # per arm, per cell: its cost over the cell's best
+    assert r["a"] == {"x": 1.0, "y": 1.5} and r["b"] == {"x": 1.5, "y": 1.0}
+    assert r["c"]["x"] == math.inf and r["c"]["y"] == 2.0
+    assert [profile(r["a"], tau) for tau in (1.0, 1.4, 1.5)] == [0.5, 0.5, 1.0]
+    assert [profile(r["c"], tau) for tau in (1.0, 2.0, 100.0)] == [0.0, 0.5, 0.5]

@@ -182,7 +182,10 @@ def build_report(
     parse_baseline(baseline)  # a malformed --baseline fails before anything is read
     m = metric_of(metric, direction)
     if target is not None and not math.isfinite(target):
-        raise AnalysisError(f"--target {target} is not a finite value")
+        raise AnalysisError(
+            f"--target {target} is not a finite number: give the value to reach, e.g. --target 3.28, or "
+            "leave it out (the baseline's mean final value; for time to target its median)"
+        )
     runs, extended = at_sweep_length(load_runs(list(roots)))
     require_metric(runs, m.key)
     check_comparable(runs)

@@ -37,6 +37,34 @@ def machine() -> str:
     return f"cpu and {n} CUDA device{'s' if n > 1 else ''} ({which}, {torch.cuda.get_device_name(0)})"
 
 
+def hardware(device: str, processes: int = 1) -> str:
+    """What a run's seconds are measured on, in words: "8 x NVIDIA H200", or on the CPU "1 process x 2
+    threads of AMD EPYC 7B13 (2 cores)" (torch's threads per process, the machine's cores)."""
+    import torch
+
+    if device.startswith("cuda"):
+        return f"{processes} x {torch.cuda.get_device_name(torch.device(device))}"
+    name = _cpu_name()
+    threads = torch.get_num_threads()
+    return (
+        f"{processes} process{'es' if processes > 1 else ''} x {threads} thread{'s' if threads > 1 else ''} "
+        f"of {name} ({os.cpu_count()} cores)"
+    )
+
+
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "an unknown CPU"
+
+
 def check(key: str, value: str) -> None:
     """ValueError (one line) unless `value` names a device this process can use: auto, cpu, cuda, or
     cuda:N of a visible GPU; under torchrun, `cuda`/`auto` with a GPU for this rank's LOCAL_RANK."""

@@ -11,7 +11,9 @@ before each timed step of the row (paired: both medians under the same load of a
 and for MARS-Shampoo / MARS-M also to the matching baseline: Muon on the same tensors (all
 matrices, embeddings included, as MARS-Shampoo) and Moonlight; MARS-AdamW with diagnostics on is
 compared with MARS-AdamW. state_bytes_per_param counts every tensor in optimizer.state (gradients and
-parameters excluded).
+parameters excluded). The row average_ema is not an optimizer: it times what train.average adds to every
+step (mars.train.average: one torch._foreach_lerp_ of the float32 averaged weights toward the parameters,
+gated on the device; ema, tail and decay_sqrt alike), its state the averaged weights themselves.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ ROWS = {
     "mars_shampoo": ({"name": "mars_shampoo"}, "MARS-Shampoo approx"),
     "moonlight": ({"name": "moonlight"}, "Moonlight"),
     "mars_m": ({"name": "mars_m"}, "MARS-M approx"),
+    "average_ema": ("average", "train.average=ema's update alone (tail, decay_sqrt: the same lerp)"),
 }
 BASELINES = {
     "mars_adamw_diagnostics": "mars_adamw",
@@ -57,8 +60,32 @@ BASELINES = {
 }
 
 
+class AverageStep:
+    """train.average's per-step update as a row: step() folds the parameters into their average."""
+
+    def __init__(self, model: nn.Module):
+        from types import SimpleNamespace
+
+        from mars.train.average import WeightAverage
+
+        settings = SimpleNamespace(average="ema", average_decay=0.999, average_start=None, max_steps=10**9)
+        average_model = GPT(model.config).to(next(model.parameters()).device)
+        self.average = WeightAverage(settings, None, model, average_model)
+        self.taken = torch.ones((), device=next(model.parameters()).device)  # the found_inf gate
+        self.state, self.index = {}, 0
+
+    def step(self) -> None:
+        self.average.update(self.index, self.taken)
+        self.index += 1
+
+    def state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.average.tensors().values())
+
+
 def build(name: str, model: nn.Module, process_group=None):
     overrides, _ = ROWS[name]
+    if overrides == "average":
+        return AverageStep(model)
     if overrides is None:  # Muon with MARS-Shampoo's split: every matrix orthogonalised, 1-D on AdamW
         groups = [
             {"params": [p for p in model.parameters() if p.ndim == 2], "use_muon": True},
@@ -101,13 +128,17 @@ def time_row(name, model, n_params, steps, warmup, device, process_group=None, p
         "description": ROWS[name][1],
         "ms_per_step": 1e3 * statistics.median(times),
         "first_step_ms": 1e3 * first,
-        "state_bytes_per_param": state_bytes(opt) / n_params,
-        "state_bytes": state_bytes(opt),
+        "state_bytes_per_param": _state_bytes(opt) / n_params,
+        "state_bytes": _state_bytes(opt),
     }
     if paired is not None:
         row["paired_ms_per_step"] = 1e3 * statistics.median(paired_times)
     del opt
     return row
+
+
+def _state_bytes(opt) -> int:
+    return opt.state_bytes() if isinstance(opt, AverageStep) else state_bytes(opt)
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,10 @@ targets: approximate MARS >= 0.95x AdamW tokens/s, exact <= 2.1x approximate's s
 The rows carry MFU (model FLOPs utilisation, the architecture's FLOPs per token) where the peak is
 known: CUDA devices in mars.model.flops' table, or --peak-flops / $MARS_PEAK_FLOPS (FLOP/s of one
 device; on a CPU there is no table entry). --json FILE writes the rows (CLI.md: "name", "ms_per_step",
-"tokens_per_s", "ratio_to_baseline", "baseline", ...).
+"tokens_per_s", "ratio_to_baseline", "baseline", ...). Each row also splits the step into forward-backward
+and optimizer step (the trainer's own timer, mars.train.step_time: means over the timed steps).
+--average KIND adds, per optimizer, the same run with train.average=KIND: what the averaged weights cost
+per step and their bytes per parameter.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def bench_one(
     device = trainer.device
     for _ in range(warmup):  # compile, allocator and cache warm-up
         trainer.train_step()
+    trainer.timer.collect()  # the split of the timed steps only
     times = []
     for _ in range(steps):
         _sync(device)
@@ -68,8 +72,21 @@ def bench_one(
         times.append(time.perf_counter() - t0)
     ms = 1000 * statistics.median(times)
     tokens_per_s = trainer.tokens_per_step / (ms / 1000)
+    forward_backward, optimizer, split = trainer.timer.collect()
+    average = cfg.train.average if cfg.train.average != "off" else None
+    n_params = sum(p.numel() for p in trainer.params)  # the whole model's, also of a sharded one
+    average_bytes = 0
+    if trainer.average is not None:
+        from mars.optim._dist import local
+
+        average_bytes = sum(local(t).numel() * t.element_size() for t in trainer.average.tensors().values())
     row = {
-        "name": name,
+        "name": name if average is None else f"{name}+{average}",
+        "average": average,
+        "average_state_bytes": average_bytes,
+        "average_bytes_per_param": average_bytes / n_params,
+        "ms_forward_backward": 1000 * forward_backward / split if split else None,
+        "ms_optimizer": 1000 * optimizer / split if split else None,
         "optimizer": cfg.optimizer.name,
         "exact": trainer.exact,
         "ms_per_step": ms,
@@ -110,6 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), default=list(OPTIMIZERS))
+    p.add_argument(
+        "--average",
+        choices=["ema", "tail", "decay_sqrt"],
+        help="also each optimizer with train.average=KIND (its extra time per step and state bytes)",
+    )
     p.add_argument("--json", type=Path, help="write the rows as a JSON list")
     p.add_argument("--world-size", type=int, default=1, help="ranks (CPU processes with gloo, or GPUs)")
     p.add_argument(
@@ -159,15 +181,18 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_ranks(args, names, overrides)
     else:
         rows = []
+        averaged = [f"train.average={args.average}", "train.average_start=0"] if args.average else None
         with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
             for name in names:  # the baseline first
-                rows.append(
-                    bench_one(name, overrides, args.steps, args.warmup, Path(tmp), peak=args.peak_flops)
-                )
-                print(f"  {name}: {rows[-1]['ms_per_step']:.1f} ms/step", file=sys.stderr, flush=True)
-                with_ratios(rows, args.json)  # the rows so far, written at once (a killed run keeps them)
+                for extra in ([], averaged) if averaged else ([],):
+                    row = bench_one(
+                        name, [*overrides, *extra], args.steps, args.warmup, Path(tmp), peak=args.peak_flops
+                    )
+                    rows.append(row)
+                    print(f"  {row['name']}: {row['ms_per_step']:.1f} ms/step", file=sys.stderr, flush=True)
+                    with_ratios(rows, args.json)  # the rows so far, written at once (a killed run keeps them)
     with_ratios(rows, args.json)
-    if len(rows) > len(names) or rows[0]["parallel"] != "ddp":  # the layout in each row
+    if args.world_size > 1 or args.parallel != ["ddp"]:  # the layout in each row
         print_layouts(rows, args)
     else:
         print_rows(rows, args)
@@ -192,16 +217,30 @@ def print_rows(rows: list[dict], args) -> None:
         f"\n{rows[0]['model']}, {rows[0]['tokens_per_step']} tokens/step on {rows[0]['device']}, "
         f"median of {args.steps} steps"
     )
-    header = f"{'optimizer':<20}{'ms/step':>10}{'tokens/s':>12}{'x AdamW tok/s':>15}"
+    header = f"{'optimizer':<26}{'ms/step':>10}{'fwd-bwd':>9}{'optim':>8}{'tokens/s':>12}"
+    header += f"{'x AdamW tok/s':>15}"
     has_mfu = any(r.get("mfu") is not None for r in rows)
     print(header + (f"{'MFU':>8}" if has_mfu else ""))
     for r in rows:
-        line = f"{r['name']:<20}{r['ms_per_step']:>10.1f}{r['tokens_per_s']:>12.0f}"
+        split = (
+            f"{r['ms_forward_backward']:>9.1f}{r['ms_optimizer']:>8.1f}"
+            if r["ms_forward_backward"] is not None
+            else f"{'-':>9}{'-':>8}"
+        )
+        line = f"{r['name']:<26}{r['ms_per_step']:>10.1f}{split}{r['tokens_per_s']:>12.0f}"
         line += f"{r['ratio_to_baseline']:>15.3f}"
         if has_mfu and r.get("mfu") is not None:
             line += f"{100 * r['mfu']:>7.1f}%"
         print(line)
     by = {r["name"]: r for r in rows}
+    for r in rows:  # what train.average adds: per step (the optimizer part, where it runs) and in memory
+        plain = by.get(r["name"].split("+")[0]) if r.get("average") else None
+        if plain is not None:
+            print(
+                f"{r['name']}: {r['ms_per_step'] - plain['ms_per_step']:+.2f} ms/step (median), "
+                f"{r['ms_optimizer'] - plain['ms_optimizer']:+.2f} ms in the optimizer part (mean), "
+                f"{r['average_bytes_per_param']:.2f} bytes/param of averaged weights"
+            )
     if "mars_adamw_approx" in by:
         ratio = by["mars_adamw_approx"]["ratio_to_baseline"]
         print(f"approx MARS tokens/s vs AdamW: {ratio:.3f}x (target >= 0.95x)")
@@ -248,9 +287,10 @@ def _rank(
     gbs = f"train.global_batch_size={args.batch_size * world}"
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"bench_train_{rank}_") as tmp:
+        averaged = [f"train.average={args.average}", "train.average_start=0"] if args.average else None
         for parallel in args.parallel:
-            for name in names:
-                extra = [*overrides, gbs, f"train.device={device}", f"train.parallel={parallel}"]
+            for name, average in [(n, a) for n in names for a in ([], averaged) if a is not None]:
+                extra = [*overrides, *average, gbs, f"train.device={device}", f"train.parallel={parallel}"]
                 rows.append(
                     bench_one(
                         name, extra, args.steps, args.warmup, Path(tmp) / parallel, info, args.peak_flops

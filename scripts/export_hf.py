@@ -1,12 +1,13 @@
 """Export a checkpoint as a Hugging Face model directory (weights, config, tokenizer): GPT2LMHeadModel
 for model.arch=gpt2, LlamaForCausalLM for model.arch=llama.
 
-    python scripts/export_hf.py RUN_DIR_OR_CKPT OUT_DIR [--force]
+    python scripts/export_hf.py RUN_DIR_OR_CKPT OUT_DIR [--force] [--average]
 
 RUN_DIR_OR_CKPT: a run directory (its latest complete checkpoint is used), RUN_DIR/ckpt, or one
 RUN_DIR/ckpt/step_XXXXXXXX directory. The result loads offline with
 transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR) and AutoTokenizer.from_pretrained(OUT_DIR);
-the tokenizer is the one the run's data was prepared with (data.tokenizer).
+the tokenizer is the one the run's data was prepared with (data.tokenizer). --average exports the
+averaged weights the run kept (train.average) instead of the model's.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", metavar="RUN_DIR_OR_CKPT", help="run dir, RUN_DIR/ckpt, or a step dir")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write the Hugging Face model to")
     parser.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
+    parser.add_argument(
+        "--average", action="store_true", help="the averaged weights of the run (train.average)"
+    )
     args = parser.parse_args(argv)
     try:
         load_plugins()  # a plugin's architecture must be registered before its model.json is read
@@ -62,7 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         return _error(problem)
     try:
-        out = export_hf(args.path, args.out_dir, force=args.force)
+        if args.average:  # before anything is read or written
+            from mars.checkpoint import find_checkpoint, has_average
+            from mars.checkpoint.load import no_average
+
+            step_dir = find_checkpoint(args.path)
+            if not has_average(step_dir):
+                why = no_average(step_dir)
+                return _error(f"--average: {why}; export without --average for its model's weights")
+        out = export_hf(args.path, args.out_dir, force=args.force, average=args.average)
     except (CheckpointError, FileExistsError, DataError) as e:
         return _error(e)
     except OSError as e:  # e.g. the disk filled up while writing

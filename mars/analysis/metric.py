@@ -33,9 +33,14 @@ DIRECTION_RULES: tuple[tuple[str, str], ...] = (
 )
 DEFAULT_DIRECTION = LOWER  # loss-like
 
-TITLES = {"val/loss": "val loss", "train/loss": "train loss"}  # in tables: "final val loss"
-AXIS_LABELS = {"val/loss": "Validation loss", "train/loss": "Training loss"}
-EVALUATION_PREFIXES = ("val/", "downstream/")  # logged at evaluations (few points): never smoothed
+TITLES = {"val/loss": "val loss", "val/loss_avg": "val loss (averaged weights)", "train/loss": "train loss"}
+AXIS_LABELS = {
+    "val/loss": "Validation loss",
+    "val/loss_avg": "Validation loss of the averaged weights",
+    "train/loss": "Training loss",
+}
+# logged at evaluations (few points): never smoothed
+EVALUATION_PREFIXES = ("val/", "downstream/", "downstream_avg/")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,14 @@ writes report.md, report.json and the figures. Every number is about one metric 
 * the comparison of final values with the baseline's (mars.analysis.significance): the paired
   t-test where the seeds match, else Welch's; Holm's correction over all groups compared with the
   baseline; the smallest difference the seeds detect with 80% power, and the seeds the observed
-  difference would need.
+  difference would need;
+* time to target (mars.analysis.time_to_target): steps, tokens and training seconds to the target per
+  run and per setting (median over seeds; mean and 95% interval when every seed gets there), the
+  one-sided test that a setting reaches it, and the ratio of steps and of seconds against the
+  baseline's with Holm's correction;
+* wall-clock: each setting's throughput (tokens per training second) and step time split into
+  forward-backward and optimizer step, and the speedups per token and per second (speedup in data
+  times the ratio of throughputs), with the hardware the seconds were measured on.
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from mars.analysis.errors import AnalysisError
 from mars.analysis.groups import (
@@ -63,6 +72,9 @@ from mars.analysis.stats import (
 )
 from mars.files import write_atomic
 from mars.metrics_jsonl import jsonable
+
+if TYPE_CHECKING:
+    from mars.analysis.time_to_target import SettingTime, TimeRatio
 
 
 @dataclass
@@ -98,6 +110,10 @@ class GroupResult:
     welch_note: str = ""
     comparison: Comparison | None = None  # the test the verdict uses: paired where the seeds match
     comparison_note: str = ""
+    time: SettingTime | None = None  # time to target (mars.analysis.time_to_target)
+    steps_ratio: TimeRatio | str = "baseline"  # baseline's steps to target / this group's
+    seconds_ratio: TimeRatio | str = "baseline"
+    split_ms: tuple[float, float, float] | None = None  # mean ms per step: whole, forward-backward, optimizer
 
     @property
     def n(self) -> int:
@@ -137,6 +153,9 @@ class Report:
     panels: list[Metric] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     lineage: list[str] = field(default_factory=list)  # forks and runs begun from other weights
+    hardware: list[str] = field(default_factory=list)  # what the runs' seconds were measured on
+    time_target: float = math.nan  # of time to target: --target, or the baseline's median final value
+    time_target_note: str = ""
 
     @property
     def n_runs(self) -> int:
@@ -164,7 +183,10 @@ def build_report(
     parse_baseline(baseline)  # a malformed --baseline fails before anything is read
     m = metric_of(metric, direction)
     if target is not None and not math.isfinite(target):
-        raise AnalysisError(f"--target {target} is not a finite value")
+        raise AnalysisError(
+            f"--target {target} is not a finite number: give the value to reach, e.g. --target 3.28, or "
+            "leave it out (the baseline's mean final value; for time to target its median)"
+        )
     runs, extended = at_sweep_length(load_runs(list(roots)))
     require_metric(runs, m.key)
     check_comparable(runs)
@@ -198,6 +220,8 @@ def build_report(
     compared = [g for g in results if g.comparison is not None]
     for g, p in zip(compared, holm([g.comparison.p for g in compared]), strict=True):
         g.comparison.p_holm = p
+    time_target = target if target is not None else float(np.median([r.final(m.key) for r in base_runs]))
+    _times(results, groups, base_index, time_target, m, paired)
     return Report(
         roots=list(roots),
         metric=m,
@@ -214,7 +238,48 @@ def build_report(
         panels=panels,
         warnings=[*extended, *_warnings(groups, results, m)],
         lineage=[line for r in runs if (line := r.lineage_line())],
+        hardware=sorted({h for r in runs for h in r.hardware}),
+        time_target=time_target,
+        time_target_note="--target" if target is not None else f"the baseline's median final {m.title}",
     )
+
+
+def _times(
+    results: list[GroupResult], groups: list[Group], base_index: int, target: float, m: Metric, paired: bool
+) -> None:
+    """Each group's time to target, its ratios to the baseline's (Holm over the steps ratios) and its
+    mean step time split."""
+    from mars.analysis.time_to_target import setting_time, time_ratio
+
+    base_runs = groups[base_index].runs
+    for g, group in zip(results, groups, strict=True):
+        g.time = setting_time(group.runs, m.key, target, m.higher_is_better)
+        g.split_ms = _split_ms(group.runs)
+    base = results[base_index].time
+    for g, group in zip(results, groups, strict=True):
+        if g.baseline:
+            continue
+        order, _ = pairing(group.runs, base_runs) if paired else ([], "")
+        mine = g.time
+        if order:
+            mine = setting_time([group.runs[i] for i in order], m.key, target, m.higher_is_better)
+        g.steps_ratio = time_ratio(mine, base, "steps", bool(order))
+        g.seconds_ratio = time_ratio(mine, base, "seconds", bool(order))
+    ratios = [g.steps_ratio for g in results if not isinstance(g.steps_ratio, str)]
+    for r, p in zip(ratios, holm([r.comparison.p for r in ratios]), strict=True):
+        r.p_holm = p
+
+
+def _split_ms(runs: Sequence[Run]) -> tuple[float, float, float] | None:
+    """The mean over runs of each run's mean ms_per_step, ms_forward_backward and ms_optimizer."""
+    keys = ("ms_per_step", "ms_forward_backward", "ms_optimizer")
+    per_run = []
+    for r in runs:
+        values = [[p.value for p in r.metrics.get(k, ()) if math.isfinite(p.value)] for k in keys]
+        if not all(values):
+            return None
+        per_run.append([sum(v) / len(v) for v in values])
+    return tuple(float(sum(col) / len(col)) for col in zip(*per_run, strict=True)) if per_run else None
 
 
 def _group_result(
@@ -526,6 +591,131 @@ NOTES = """\
   paired) for 80% power at the observed difference, if the spread stays as observed."""
 
 
+def _count(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:,.{digits}f}"
+
+
+def _seconds(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else (f"{x:,.0f} s" if x >= 100 else f"{x:.3g} s")
+
+
+def _mean_ci_cell(value: tuple[float, float, float] | None, fmt) -> str:
+    if value is None:
+        return "-"
+    mean, low, high = value
+    return fmt(mean) if not math.isfinite(low) else f"{fmt(mean)} ({fmt(low)} - {fmt(high)})"
+
+
+def _ratio_cell(r: TimeRatio | str, holm: bool = False) -> str:
+    if isinstance(r, str):
+        return "-" if r == "baseline" else r
+    p = f", p {r.comparison.p:.3g}" + (f" / Holm {r.p_holm:.3g}" if holm and r.p_holm is not None else "")
+    return f"{r.ratio:.2f}x ({r.low:.2f}x - {r.high:.2f}x{p})"
+
+
+def _reach_cell(g: GroupResult) -> str:
+    t = g.time.reach
+    if isinstance(t, str):
+        return f"- ({t})"
+    return f"{'yes' if t.reached else 'not shown'} (p {t.p:.3g})"
+
+
+def time_table(report: Report) -> str:
+    """Per group: how many seeds reach the target, their median (and mean with its 95% interval) steps,
+    tokens and seconds to it, the one-sided test that the setting reaches it, and the ratios of steps and
+    seconds against the baseline's."""
+    keys = [c.header for c in report.columns] or ["group"]
+    headers = (
+        "seeds reached",
+        "steps (median)",
+        "steps, mean (95% CI)",
+        "tokens (median)",
+        "seconds (median)",
+        "seconds, mean (95% CI)",
+        "target reached? (one-sided)",
+        "steps: baseline / this (95% CI)",
+        "seconds: baseline / this (95% CI)",
+    )
+    rows = []
+    for g in report.groups:
+        t = g.time
+        cells = [
+            f"{t.reached}/{len(t.crossings)}",
+            _count(t.median("steps")) if t.median("steps") is not None else "not reached",
+            _mean_ci_cell(t.mean_ci("steps"), _count),
+            _tokens(t.median("tokens")) if t.median("tokens") is not None else "not reached",
+            _seconds(t.median("seconds")) if t.median("steps") is not None else "not reached",
+            _mean_ci_cell(t.mean_ci("seconds"), _seconds),
+            _reach_cell(g),
+            _ratio_cell(g.steps_ratio, holm=True),
+            _ratio_cell(g.seconds_ratio),
+        ]
+        rows.append([*_label_cells(g), *cells])
+    return _table(keys, headers, rows)
+
+
+def per_second(report: Report, g: GroupResult, speedup: float | None) -> float | None:
+    """A speedup in data times the ratio of throughputs (tokens per training second) to the baseline's."""
+    base = report.groups[report.baseline].time
+    if speedup is None or g.time is None or g.time.throughput is None or base.throughput is None:
+        return None
+    return speedup * g.time.throughput / base.throughput
+
+
+def wall_clock_table(report: Report) -> str:
+    """Per group: throughput, the step time and its split, and the speedups per token and per second."""
+    keys = [c.header for c in report.columns] or ["group"]
+    headers = (
+        "tokens/s",
+        "ms/step (forward-backward + optimizer)",
+        "speedup per token",
+        "speedup per second",
+        "effective-data speedup per token",
+        "effective-data speedup per second",
+    )
+    rows = []
+    for g in report.groups:
+        ms = g.split_ms
+        split = "-" if ms is None else f"{ms[0]:.4g} ({ms[1]:.4g} + {ms[2]:.4g})"
+        ps, pe = per_second(report, g, g.speedup), per_second(report, g, g.effective_speedup)
+        cells = [
+            _count(g.time.throughput),
+            split,
+            _speedup(g),
+            "-" if ps is None else f"{ps:.2f}x",
+            _effective(g),
+            "-" if pe is None else f"{pe:.2f}x",
+        ]
+        rows.append([*_label_cells(g), *cells])
+    return _table(keys, headers, rows)
+
+
+def time_lines(report: Report) -> list[str]:
+    m = report.metric
+    hw = report.hardware
+    where = (
+        f"measured on {hw[0]}"
+        if len(hw) == 1
+        else (
+            f"measured on {len(hw)} kinds of hardware ({'; '.join(hw)}): the per-second figures compare "
+            "machines as well as settings"
+            if hw
+            else "no run names its hardware (logged before the harness recorded it)"
+        )
+    )
+    return [
+        f"Time to the target {m.title} {report.time_target:.4f} ({report.time_target_note}: its seeds' "
+        "median time then reaches it by construction; the tokens-to-target speedup above reads the seed-mean "
+        "curves, hence its mean), per run interpolated "
+        "linearly in steps between evaluations (seconds: the training seconds logged there, evaluations "
+        "and compilation left out); per setting the median over seeds, a seed that never gets there "
+        f"counting as infinitely slow ('not reached', never a number); the one-sided t-test of the final "
+        f"values against the target (reached at p < {ALPHA:g}); ratios from the per-seed log times, paired "
+        "where the seeds match, Holm over the settings.",
+        f"Seconds {where}. Speedup per second = speedup in data x (tokens/s / the baseline's tokens/s).",
+    ]
+
+
 def render_markdown(
     report: Report, figures: Sequence[str] = (), sections: Sequence[tuple[str, Sequence[str]]] = ()
 ) -> str:
@@ -539,6 +729,9 @@ def render_markdown(
     ]
     if report.n_compared or len(report.groups) > 1:
         parts += ["", *comparison_lines(report), "", comparison_table(report)]
+    if report.groups[0].time is not None:
+        parts += ["", "## Time to target and wall-clock", "", *(f"- {line}" for line in time_lines(report))]
+        parts += ["", time_table(report), "", wall_clock_table(report)]
     parts += ["", NOTES]
     if report.warnings:
         parts += ["", "Warnings:", *(f"- {w}" for w in report.warnings)]
@@ -585,6 +778,39 @@ def _comparison_json(report: Report, g: GroupResult) -> dict:
     }
 
 
+def _ratio_json(r: TimeRatio | str) -> dict:
+    if isinstance(r, str):
+        return {"note": r}
+    c = r.comparison
+    return {"ratio": r.ratio, "low": r.low, "high": r.high, "test": c.test, "p": c.p, "p_holm": r.p_holm}
+
+
+def _time_json(report: Report, g: GroupResult) -> dict | None:
+    t = g.time
+    if t is None:
+        return None
+    reach = t.reach
+    return {
+        "target": report.time_target,
+        "target_source": report.time_target_note,
+        "per_run": [None if c is None else {"steps": c.steps, "tokens": c.tokens, "seconds": c.seconds}
+                    for c in t.crossings],
+        "reached": t.reached,
+        "of": len(t.crossings),
+        **{f"{k}_median": t.median(k) for k in ("steps", "tokens", "seconds")},
+        **{f"{k}_mean_ci": t.mean_ci(k) for k in ("steps", "seconds")},
+        "reach_test": {"note": reach} if isinstance(reach, str) else {
+            "n": reach.n, "mean": reach.mean, "t": reach.t, "p": reach.p, "reached": reach.reached},
+        "steps_ratio": _ratio_json(g.steps_ratio),
+        "seconds_ratio": _ratio_json(g.seconds_ratio),
+        "tokens_per_s": t.throughput,
+        "ms_per_step": None if g.split_ms is None else dict(
+            zip(("step", "forward_backward", "optimizer"), g.split_ms, strict=True)),
+        "speedup_per_second": per_second(report, g, g.speedup),
+        "effective_speedup_per_second": per_second(report, g, g.effective_speedup),
+    }  # fmt: skip
+
+
 def to_json(report: Report) -> dict:
     legacy = report.metric.key == "val/loss"  # readers written before --metric
     groups = []
@@ -628,6 +854,7 @@ def to_json(report: Report) -> dict:
                     else {"note": g.welch_note}
                 ),
                 "comparison": _comparison_json(report, g),
+                "time_to_target": _time_json(report, g),
                 "runs": runs,
             }
         )
@@ -655,6 +882,7 @@ def to_json(report: Report) -> dict:
             "groups": groups,
             "warnings": report.warnings,
             "lineage": report.lineage,
+            "hardware": report.hardware,
         }
     )  # fmt: skip
 

@@ -132,6 +132,7 @@ class Run:
     last_step: int = 0
     last_tokens: float = 0.0
     lineage: dict | None = None  # RUN_DIR/lineage.json: the run forked from or began with another's weights
+    hardware: list[str] = field(default_factory=list)  # what its seconds were measured on, per segment
 
     def lineage_line(self) -> str | None:
         """ "RUN: fork of PARENT_RUN_DIR at step N" (or "weights of SOURCE"), with what the parent's hash
@@ -247,6 +248,8 @@ def load_run(path: Path, sweep: Path | None = None, with_metrics: bool = True) -
         tokens = to_float(rec.get("tokens"))
         if tokens is None:
             continue
+        if isinstance(rec.get("hardware"), str) and rec["hardware"] not in run.hardware:
+            run.hardware.append(rec["hardware"])
         step = to_float(rec.get("step"))
         seconds = to_float(rec.get("time"))
         step = math.nan if step is None else step

@@ -48,6 +48,8 @@ _LAZY = {
     "load_model_state": "mars.checkpoint.load",
     "read_run_config": "mars.checkpoint.load",
     "model_templates": "mars.checkpoint.load",
+    "has_average": "mars.checkpoint.load",
+    "load_average": "mars.checkpoint.load",
     "split_optimizer_state": "mars.checkpoint.sharded",
     "optimizer_state_for": "mars.checkpoint.sharded",
     "load_train_state": "mars.checkpoint.state",

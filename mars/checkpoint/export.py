@@ -8,12 +8,15 @@ from pathlib import Path
 from mars.checkpoint.load import load_model
 
 
-def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> Path:
+def export_hf(
+    path: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False, average: bool = False
+) -> Path:
     """Write the checkpoint at path (run dir, ckpt dir or step dir) as a Hugging Face model
     directory (model.safetensors, config.json, generation_config.json, tokenizer files) that
     AutoModelForCausalLM / AutoTokenizer.from_pretrained load offline: the class of the
     architecture's adapter (GPT2LMHeadModel for a GPT-2; mars.model.hf), with the tokenizer the
-    run's data was prepared with (data.tokenizer). Returns out_dir."""
+    run's data was prepared with (data.tokenizer). average=True: the averaged weights the run kept
+    (train.average) instead of its model's. Returns out_dir."""
     from mars.data.tokenizer import get_hf_tokenizer, tokenizer_of_run
     from mars.model.hf import to_hf
     from mars.model.spec import spec_of
@@ -25,7 +28,7 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, force: bool =
         raise FileExistsError(
             f"{out} is not empty; choose another directory or pass --force to write over it"
         )
-    model, info = load_model(path)
+    model, info = load_model(path, average=average)
     tokenizer = get_hf_tokenizer(tokenizer_of_run(info.get("config")))
     hf = to_hf(model, tokenizer=tokenizer).eval()
     out.mkdir(parents=True, exist_ok=True)

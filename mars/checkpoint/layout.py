@@ -9,8 +9,11 @@
         config.yaml          the run's resolved config
         model.json           the model config (its `arch` names the architecture)
         model.safetensors    format "full": the whole model (tied wte/lm_head stored once)
+        average.safetensors  format "full", a run with train.average: the averaged weights (float32, by
+                             parameter name; mars.train.average)
         sharded/             format "sharded" (FSDP2): torch.distributed.checkpoint files, each rank's
-                             shards of the model ("model.FQN") and of the optimizer state ("optim.FQN.BUF")
+                             shards of the model ("model.FQN"), of the optimizer state ("optim.FQN.BUF")
+                             and of the averaged weights ("average.FQN")
         train_state.pt       torch.save of plain data (weights_only-safe): optimizer state (format
                              "full") or its non-tensor part (format "sharded"), loader, RNG, counters
     RUN_DIR/ckpt/.tmp-step_00001000/    a checkpoint being written (renamed when complete)
@@ -38,6 +41,7 @@ RUN_CONFIG = "config.yaml"
 TRAIN_STATE = "train_state.pt"
 MODEL_WEIGHTS = "model.safetensors"
 MODEL_CONFIG = "model.json"
+AVERAGE_WEIGHTS = "average.safetensors"
 SHARDED_DIR = "sharded"
 FORMATS = ("full", "sharded")
 REPLACED_PREFIX = "replaced-"

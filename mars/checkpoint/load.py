@@ -12,6 +12,7 @@ import yaml
 from mars.checkpoint import checksums
 from mars.checkpoint import sharded as sharded_io
 from mars.checkpoint.layout import (
+    AVERAGE_WEIGHTS,
     META,
     MODEL_CONFIG,
     MODEL_WEIGHTS,
@@ -24,10 +25,17 @@ from mars.checkpoint.layout import (
     read_json_object,
     read_meta,
 )
-from mars.checkpoint.model_dir import load_weights, read_model_config, read_weights, saved_arch, tied_aliases
+from mars.checkpoint.model_dir import (
+    AVERAGE_PREFIX,
+    load_weights,
+    read_model_config,
+    read_weights,
+    saved_arch,
+    tied_aliases,
+)
 from mars.checkpoint.state import load_train_state
 from mars.checks import get
-from mars.model.lm import unwrap_model
+from mars.model.lm import copy_full_, unwrap_model
 from mars.model.spec import arch_of, spec_for
 
 MODEL_PREFIX = "model."
@@ -142,21 +150,27 @@ def _model_file(rel: str) -> bool:
     return rel in (MODEL_CONFIG, MODEL_WEIGHTS) or rel.startswith(f"{SHARDED_DIR}/")
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", average: bool = False):
     """Load the model a run dir / ckpt dir / step dir / model dir names (see find_checkpoint), of the
     architecture its model.json names, in eval mode on `device`, from either format (a sharded
     checkpoint is gathered into this one process). The files it reads are verified against the
-    checkpoint's checksums first.
+    checkpoint's checksums first. average=True: the averaged weights the run kept (train.average) in
+    place of its parameters (CheckpointError, one line, for a checkpoint that holds none).
 
     Returns (model, info): info holds meta.json (when present), "config": the run's config.yaml as a
     dict (when present), and "path": the checkpoint directory that was loaded.
     """
     ckpt = find_checkpoint(path)
+    if average and not ((ckpt / META).is_file() and has_average(ckpt)):
+        raise CheckpointError(no_average(ckpt))
     if (ckpt / META).is_file():  # a checkpoint (a bare model dir of save_model has no checksums)
-        checksums.verify(ckpt, read_meta(ckpt), only=_model_file)
+        wanted = _model_file if not average else (lambda rel: _model_file(rel) or rel == AVERAGE_WEIGHTS)
+        checksums.verify(ckpt, read_meta(ckpt), only=wanted)
     config = read_model_config(ckpt / MODEL_CONFIG)
     model = spec_for(config).model.empty(config, device)
     load_model_state(model, ckpt)
+    if average:
+        load_average(dict(model.named_parameters()), ckpt)
     model.eval()
 
     info: dict = {}
@@ -166,3 +180,49 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
         info["config"] = read_run_config(ckpt)
     info["path"] = str(ckpt)
     return model, info
+
+
+def has_average(step_dir: str | os.PathLike) -> bool:
+    """Whether a checkpoint holds averaged weights (its run trained with train.average)."""
+    step_dir = Path(step_dir)
+    if checkpoint_format(step_dir) == "full":
+        return (step_dir / AVERAGE_WEIGHTS).is_file()
+    return any(k.startswith(AVERAGE_PREFIX) for k in sharded_io.saved_shapes(step_dir / SHARDED_DIR))
+
+
+def no_average(step_dir: str | os.PathLike) -> str:
+    """Why a checkpoint cannot give averaged weights, for the one line of whoever asked for them."""
+    return (
+        f"{step_dir} holds no averaged weights: its run trained with train.average=off (or before averaged "
+        "weights existed)"
+    )
+
+
+@torch.no_grad()
+def load_average(params: dict[str, torch.Tensor], step_dir: str | os.PathLike) -> None:
+    """Fill `params` (parameters by name, plain or FSDP2-sharded) with a checkpoint's averaged weights
+    (mars.train.average), from either format, resharding as needed. CheckpointError when it holds none,
+    none for these names, or non-finite values. Collective when the checkpoint is sharded and
+    torch.distributed is initialised."""
+    step_dir = Path(step_dir)
+    if not has_average(step_dir):
+        raise CheckpointError(no_average(step_dir))
+    if checkpoint_format(step_dir) == "sharded":
+        templates = {f"{AVERAGE_PREFIX}{k}": v.detach() for k, v in params.items()}
+        sharded_io.load_tensors(templates, step_dir / SHARDED_DIR)
+        bad = [k for k, v in templates.items() if not _finite(v)]
+        if bad:
+            where = step_dir / SHARDED_DIR
+            raise CheckpointError(f"{where}: {', '.join(sorted(bad)[:3])} hold NaN or inf values")
+        return
+    file = step_dir / AVERAGE_WEIGHTS
+    tensors = read_weights(file)
+    missing = sorted(set(params) - set(tensors))
+    if missing:
+        raise CheckpointError(f"{file} lacks {', '.join(missing[:3])}: it was written for another model")
+    for name, dest in params.items():
+        if tuple(tensors[name].shape) != tuple(dest.shape):
+            raise CheckpointError(
+                f"{file}: {name} has shape {tuple(tensors[name].shape)}, the model {tuple(dest.shape)}"
+            )
+        copy_full_(dest, tensors[name])

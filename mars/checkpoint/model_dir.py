@@ -19,12 +19,19 @@ import torch.nn as nn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from mars.checkpoint.layout import MODEL_CONFIG, MODEL_WEIGHTS, CheckpointError, read_json_object
+from mars.checkpoint.layout import (
+    AVERAGE_WEIGHTS,
+    MODEL_CONFIG,
+    MODEL_WEIGHTS,
+    CheckpointError,
+    read_json_object,
+)
 from mars.files import write_atomic
 from mars.model.lm import copy_full_, unwrap_model
 from mars.model.spec import DEFAULT_ARCH, ModelSpec, arch, arch_names, check_values, model_config, spec_of
 
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DistributedDataParallel
+AVERAGE_PREFIX = "average."  # the averaged weights' keys in a sharded checkpoint
 
 
 def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -67,6 +74,12 @@ def save_model(model: nn.Module, dir: str | os.PathLike) -> Path:
     tensors = {k: v.detach().cpu().contiguous() for k, v in inner.state_dict().items() if k not in aliases}
     write_atomic(out / MODEL_WEIGHTS, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     return save_model_config(inner, out)
+
+
+def save_average(average: dict[str, torch.Tensor], dir: str | os.PathLike) -> None:
+    """Write dir/average.safetensors: the averaged weights (mars.train.average) by parameter name."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in average.items()}
+    write_atomic(Path(dir) / AVERAGE_WEIGHTS, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
 
 
 def saved_arch(raw: dict) -> str:

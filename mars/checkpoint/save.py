@@ -36,7 +36,7 @@ from mars.checkpoint.layout import (
     read_meta,
     step_dirname,
 )
-from mars.checkpoint.model_dir import save_model, save_model_config
+from mars.checkpoint.model_dir import AVERAGE_PREFIX, save_average, save_model, save_model_config
 from mars.files import fsync_dir, fsync_file, fsync_tree, write_atomic
 
 
@@ -90,15 +90,20 @@ def save_checkpoint(
     *,
     sharded: dict[str, torch.Tensor] | None = None,
     healthy: bool = True,
+    average: dict[str, torch.Tensor] | None = None,
 ) -> Path | None:
     """Write RUN_DIR/ckpt/step_XXXXXXXX and rotate. Returns its path on rank 0 (None elsewhere).
 
     Format "full" (sharded=None): called on rank 0 only; `model` is the bare model (no DDP / compile
     wrapper), written as model.safetensors. Format "sharded": called on every rank with `sharded`, the
     tensors to write through DCP (the model's and the optimizer's DTensors); `model` only supplies
-    model.json. train_state (plain data) and meta are rank 0's.
+    model.json. train_state (plain data) and meta are rank 0's. `average`: the averaged weights by
+    parameter name (mars.train.average), written as average.safetensors (format "full") or with the
+    shards ("average.FQN", format "sharded").
     """
     collective = sharded is not None
+    if collective and average:
+        sharded = {**sharded, **{f"{AVERAGE_PREFIX}{k}": v for k, v in average.items()}}
     if not weights_finite(model):
         raise FloatingPointError(f"refusing to checkpoint non-finite weights at step {step}")
     root = Path(run_dir) / CKPT_DIR
@@ -141,6 +146,8 @@ def save_checkpoint(
                     save_model_config(model, tmp)
                 else:
                     save_model(model, tmp)
+                    if average:
+                        save_average(average, tmp)
                 torch.save(train_state, tmp / TRAIN_STATE)
                 (tmp / RUN_CONFIG).write_text(config_yaml, encoding="utf-8")
                 rest = [rel for rel in checksums.summed_files(tmp) if rel not in sums]

@@ -2,10 +2,12 @@
 
     python -m eval ckpt=RUN_DIR                                  # latest checkpoint, paper tasks
     python -m eval ckpt=RUN_DIR/ckpt/step_00001000 tasks=smoke   # offline smoke test
+    python -m eval ckpt=RUN_DIR average=true                     # the averaged weights (train.average)
     python -m eval compare=[RUN_A,RUN_B] tasks=[hellaswag,arc_easy] limit=200
     python -m eval precache=true tasks=paper                     # download the datasets only
 
-Each checkpoint's results go to ``out`` (default RUN_DIR/eval/step_XXXXXXXX): results.json and
+Each checkpoint's results go to ``out`` (default RUN_DIR/eval/step_XXXXXXXX, -average for its averaged
+weights): results.json and
 table.md. A checkpoint whose output dir already holds results for the same tasks, limit and
 num_fewshot is not evaluated again (force=true re-evaluates). Errors print one line and exit 2.
 """
@@ -49,7 +51,8 @@ def _check(cfg) -> None:
 
 def run(cfg) -> list[CheckpointEval]:
     """Evaluate (or reload) every entry of ckpt + compare, print and save the table."""
-    from mars.checkpoint import find_checkpoint
+    from mars.checkpoint import find_checkpoint, has_average
+    from mars.checkpoint.load import no_average
 
     _check(cfg)
     spec = resolve_tasks(_plain(cfg.tasks), _plain(cfg.include))
@@ -61,7 +64,8 @@ def run(cfg) -> list[CheckpointEval]:
     if not entries:
         raise EvalError("nothing to evaluate: pass ckpt=RUN_DIR_OR_CKPT (or compare=[RUN_A,RUN_B])")
     device = devices.resolve(str(cfg.device))
-    request = request_of(spec, cfg.limit, cfg.num_fewshot, cfg.batch_size, precision_name(cfg.dtype, device))
+    precision = precision_name(cfg.dtype, device)
+    request = request_of(spec, cfg.limit, cfg.num_fewshot, cfg.batch_size, precision, cfg.average)
     single = len(entries) == 1
     # Plan first, so that a missing checkpoint, an unknown task or missing data fails before any
     # model is loaded. Each entry is (saved result | None, checkpoint dir, output dir).
@@ -71,7 +75,11 @@ def run(cfg) -> list[CheckpointEval]:
             plans.append((results_io.load(entry), None, Path(entry)))
             continue
         ckpt = find_checkpoint(entry)
-        out_dir = Path(cfg.out) if cfg.out and single else results_io.default_out_dir(ckpt)
+        if cfg.average and not has_average(ckpt):
+            raise EvalError(
+                f"average=true: {no_average(ckpt)}; drop average=true to score the model's own weights"
+            )
+        out_dir = Path(cfg.out) if cfg.out and single else results_io.default_out_dir(ckpt, cfg.average)
         saved = None if cfg.force else results_io.reusable(out_dir, ckpt, request)
         plans.append((saved, ckpt, out_dir))
     if any(saved is None for saved, _, _ in plans):
@@ -92,6 +100,7 @@ def run(cfg) -> list[CheckpointEval]:
             num_fewshot=cfg.num_fewshot,
             name=cfg.name if single and cfg.ckpt else None,
             dtype=cfg.dtype,
+            average=cfg.average,
         )
         print(f"wrote {results_io.save(result, out_dir)}")
         evals.append(result)

@@ -30,7 +30,8 @@ class EvalConfig:
     limit: Any = None  # documents per task (a fraction when < 1); None: all
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 autocast on CUDA, float32 on CPU) | float32 | bfloat16
-    out: str | None = None  # None: RUN_DIR/eval/step_XXXXXXXX
+    out: str | None = None  # None: RUN_DIR/eval/step_XXXXXXXX (-average with average=true)
+    average: bool = False  # the averaged weights a run kept (train.average) instead of its model's
     compare: list[str] = field(default_factory=list)  # more checkpoints or results.json, one row each
     name: str | None = None  # row label of ckpt (default RUN_NAME@STEP)
     force: bool = False  # re-evaluate even when the output dir holds results for the same request

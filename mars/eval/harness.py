@@ -265,8 +265,10 @@ def evaluate_checkpoint(
     include: Sequence[str] = (),
     name: str | None = None,
     dtype: str = "auto",
+    average: bool = False,
 ) -> CheckpointEval:
     """Load a checkpoint (run dir, RUN_DIR/ckpt or a step dir) and score it; see evaluate_model.
+    average=True scores the averaged weights its run kept (train.average) instead of the model's.
 
     Raises mars.checkpoint's CheckpointNotFoundError / CheckpointError for a missing or bad
     checkpoint, UnknownTaskError and TasksUnavailableError for the tasks; all before any scoring.
@@ -277,7 +279,7 @@ def evaluate_checkpoint(
     prepare_tasks(spec, num_fewshot)  # bad task names and missing data fail before the model loads
     from mars.data.tokenizer import tokenizer_of_run
 
-    model, info = load_model(path, device=device)
+    model, info = load_model(path, device=device, average=average)
     ckpt = Path(info.get("path", path))
     scores, raw = run_lm_eval(
         model,
@@ -290,26 +292,30 @@ def evaluate_checkpoint(
         dtype=dtype,
     )
     return CheckpointEval(
-        name=name or checkpoint_label(ckpt, info.get("step")),
+        name=name or checkpoint_label(ckpt, info.get("step"), average),
         path=str(ckpt),
         step=info.get("step"),
         tokens=info.get("tokens"),
         config=info.get("config"),
-        request=request_of(spec, limit, num_fewshot, batch_size, precision_name(dtype, device)),
+        request=request_of(spec, limit, num_fewshot, batch_size, precision_name(dtype, device), average),
         scores=scores,
         lm_eval=raw,
     )
 
 
-def request_of(spec: TaskSpec, limit, num_fewshot: int, batch_size: int, dtype: str = "float32") -> dict:
-    """What decides the scores: tasks, limit, shots and the precision computed in (bfloat16 or float32);
-    the batch size only changes speed, but is recorded for the record."""
+def request_of(
+    spec: TaskSpec, limit, num_fewshot: int, batch_size: int, dtype: str = "float32", average: bool = False
+) -> dict:
+    """What decides the scores: tasks, limit, shots, the precision computed in (bfloat16 or float32) and
+    the weights (the model's, or the averaged ones); the batch size only changes speed, but is recorded
+    for the record."""
     return {
         "tasks": list(spec.names),
         "limit": limit,
         "num_fewshot": num_fewshot,
         "batch_size": batch_size,
         "dtype": dtype,
+        "weights": "average" if average else "model",
     }
 
 
@@ -325,7 +331,7 @@ def run_dir_of(ckpt: Path) -> Path | None:
     return ckpt.parent.parent if ckpt.parent.name == "ckpt" else None
 
 
-def checkpoint_label(ckpt: Path, step: int | None) -> str:
+def checkpoint_label(ckpt: Path, step: int | None, average: bool = False) -> str:
     run_dir = run_dir_of(ckpt)
     base = (run_dir or ckpt).resolve().name
-    return f"{base}@{step}" if step is not None else base
+    return (f"{base}@{step}" if step is not None else base) + (" (averaged)" if average else "")

@@ -21,11 +21,13 @@ RESULTS_FILE = "results.json"
 TABLE_FILE = "table.md"
 
 
-def default_out_dir(ckpt: str | Path) -> Path:
-    """RUN_DIR/eval/step_XXXXXXXX for a checkpoint of a run dir, else STEP_DIR/eval."""
+def default_out_dir(ckpt: str | Path, average: bool = False) -> Path:
+    """RUN_DIR/eval/step_XXXXXXXX for a checkpoint of a run dir, else STEP_DIR/eval; with `average` (its
+    averaged weights), the same name with -average."""
     ckpt = Path(ckpt)
     run_dir = run_dir_of(ckpt)
-    return run_dir / "eval" / ckpt.name if run_dir is not None else ckpt / "eval"
+    suffix = "-average" if average else ""
+    return run_dir / "eval" / f"{ckpt.name}{suffix}" if run_dir is not None else ckpt / f"eval{suffix}"
 
 
 def save(result: CheckpointEval, out_dir: str | Path) -> Path:
@@ -74,8 +76,9 @@ def reusable(out_dir: str | Path, ckpt: str | Path, request: dict) -> Checkpoint
         return None
     keys = ("tasks", "limit", "num_fewshot")
     same_request = all(saved.request.get(k) == request.get(k) for k in keys)
-    # results written before the precision was recorded were computed in float32
+    # results written before the precision (the weights) were recorded were computed in float32 (of the model)
     same_request &= saved.request.get("dtype", "float32") == request.get("dtype", "float32")
+    same_request &= saved.request.get("weights", "model") == request.get("weights", "model")
     return saved if same_request and Path(saved.path).resolve() == Path(ckpt).resolve() else None
 
 

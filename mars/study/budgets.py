@@ -104,7 +104,8 @@ def check_size_configs(study, cfgs: dict[str, Any]) -> None:
 
 
 def check_schedule(cfg: Any, where: str) -> None:
-    """Budgets need wsd with a decay that follows train.max_steps, and a gamma schedule that does not."""
+    """Budgets need wsd with a decay that follows train.max_steps, a gamma schedule that does not, and an
+    averaged-weights tail (or decay) that begins where each budget's decay does."""
     s = cfg.schedule
     if str(s.name) != "wsd":
         raise StudyError(
@@ -122,6 +123,14 @@ def check_schedule(cfg: Any, where: str) -> None:
             f"{where}: optimizer.gamma_schedule={gs.name} decays over train.max_steps, so a trunk and a "
             "branch would differ before the fork; use optimizer.gamma_schedule.name=constant or set its "
             "decay_steps"
+        )
+    t = cfg.train
+    if str(t.get("average", "off")) in ("tail", "decay_sqrt") and t.get("average_start") is not None:
+        raise StudyError(
+            f"{where}: train.average={t.average} with train.average_start={t.average_start}: a branch's "
+            "average would not be its standalone run's (they begin it at other steps, the trunk before the "
+            "fork or after it); drop train.average_start: each budget's then begins at its decay start, "
+            "where its branch forks (train.average=ema needs nothing)"
         )
 
 

@@ -92,8 +92,21 @@ def check_arm(study: Study, arm: Arm) -> ArmConfig:
             keys_named = [k for k in values if k in str(e)] or list(values)
             at = arm.space[keys_named[0]].where
             raise StudyError(f"{at}: the arm does not compose {what} ({e})") from None
+    _check_averaged_metric(study, where, cfg)
     tokens = int(cfg.train.max_steps) * global_batch_size(cfg, 1) * int(cfg.model.block_size)
     return ArmConfig(name, tokens, cfg.data)
+
+
+def _check_averaged_metric(study: Study, where: str, cfg) -> None:
+    """A metric of the averaged weights (val/loss_avg, downstream_avg/...) needs train.average in the arm:
+    without it no trial would log the key (found before any trial trains, not after the first)."""
+    key = str(study.spec["metric"]["key"])
+    if (key == "val/loss_avg" or key.startswith("downstream_avg/")) and str(cfg.train.average) == "off":
+        raise StudyError(
+            f"study.metric.key={key} is the averaged weights' loss, but {where} trains with "
+            "train.average=off: add train.average=ema (or tail, decay_sqrt) to study.base, or use "
+            f"study.metric.key={key.replace('_avg', '')}"
+        )
 
 
 def check_sizes(study: Study, arm: Arm) -> list:

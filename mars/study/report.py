@@ -172,11 +172,14 @@ def write_study_report(driver) -> list[Path]:
         written += ladder_figs
     figs = [p for p in written if p.suffix == ".png" and p.name != "report_curves.png"]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in figs]
+    from mars.study.averaged import averaged_section  # train.average: the same runs judged on both
+
+    more, averaged_files, averaged = averaged_section(driver, arms, out, _table, dirs, pairs, report)
+    lines += more
+    written += averaged_files
     md = write_atomic(out / "study.md", "\n".join(lines) + "\n")
-    js = write_atomic(
-        out / "study.json",
-        json.dumps(jsonable({**_json(driver, arms, report, command), "ladder": ladder}), indent=2) + "\n",
-    )
+    study_json = {**_json(driver, arms, report, command), "ladder": ladder, "averaged": averaged or None}
+    js = write_atomic(out / "study.json", json.dumps(jsonable(study_json), indent=2) + "\n")
     return [md, js, *written]
 
 

@@ -47,6 +47,13 @@ class TrainConfig:
     global_batch_size: int | None = None  # sequences per optimizer step (None: batch_size x world size)
     eval_interval: int = 100  # steps between validation runs (0: only at the start and the end)
     eval_steps: int = 20  # validation micro-batches of batch_size sequences, summed over all ranks
+    # averaged weights, evaluated next to the model's (val/loss_avg; mars.train.average): off | ema | tail |
+    # decay_sqrt (Levanter's: a running mean, then weights 1 - sqrt of the progress through the decay)
+    average: str = "off"
+    average_decay: float = 0.999  # ema: avg <- avg + (1 - decay) (w - avg) every step; decay_sqrt: its weight
+    # tail: the mean of the weights after every step past this one; decay_sqrt: where its decay begins.
+    # A step (>= 1) or a fraction of train.max_steps (< 1); null: where the lr schedule's decay begins
+    average_start: float | None = None
     log_interval: int = 10
     ckpt_interval: int = 1000  # 0: only the final (and preemption) checkpoint
     ckpt_steps: list[int] = field(default_factory=list)  # further steps to checkpoint at (e.g. the decay
@@ -273,6 +280,7 @@ def _validate(cfg: Any, world_size: int) -> None:
         )
     fraction("schedule.decay_fraction", float(get(cfg, "schedule.decay_fraction")), closed=True)
     _check_ckpt_steps(get(cfg, "train.ckpt_steps"), max_steps)
+    _check_average(cfg)
     _check_start(cfg)
     _check_model(cfg)
     _check_data(cfg)
@@ -296,6 +304,13 @@ def _check_ckpt_steps(steps: Any, max_steps: int) -> None:
             f"train.ckpt_steps={list(steps)}: {bad[0]!r} is not a step of this run; give whole steps from 1 "
             f"to train.max_steps={max_steps} (e.g. train.ckpt_steps=[{max(1, max_steps // 2)}])"
         )
+
+
+def _check_average(cfg: Any) -> None:
+    """train.average and its decay and start (mars.train.average.check)."""
+    from mars.train.average import check
+
+    check(get(cfg, "train"), get(cfg, "schedule"))
 
 
 _NO_PATH = (None, "", "none", "null")

@@ -62,16 +62,22 @@ TRAINER_KEYS = (
     "train/clip_rate",
     "train/nonfinite_steps",
     "time",
+    "train_time",  # seconds in training steps so far (no evaluation, checkpoints, compilation; and val lines)
     "ms_per_step",
+    "ms_forward_backward",  # the split of ms_per_step (mars.train.step_time)
+    "ms_optimizer",
     "tokens_per_s",
     "gamma",  # a built-in metric: with a gamma schedule (MARS)
     "mfu",  # on a GPU, or with $MARS_PEAK_FLOPS
     "max_memory_gb",  # on a GPU: the peak of memory allocated by tensors so far (the allocator's count)
     "val/loss",  # evaluation lines (with "time")
+    "val/loss_avg",  # the averaged weights' (train.average; mars.train.average)
+    "hardware",  # on the first line with seconds of each run segment: what they are measured on (words)
 )
-# key families: in-loop downstream scores downstream/TASK/METRIC (the trainer's evaluation lines), the
-# MARS diagnostics mars/KEY (a built-in metric, mars.optim)
-TRAINER_FAMILIES = ("downstream/", "mars/")
+# key families: in-loop downstream scores downstream/TASK/METRIC (the trainer's evaluation lines; those
+# of the averaged weights downstream_avg/TASK/METRIC), the MARS diagnostics mars/KEY (a built-in metric,
+# mars.optim)
+TRAINER_FAMILIES = ("downstream/", "downstream_avg/", "mars/")
 BUILTIN_METRICS = ("gamma", "mars")  # of TRAINER_KEYS / TRAINER_FAMILIES: registered metrics
 
 # name -> fn(model, optimizer): mars's built-in metrics, then the metrics a researcher adds, both read on
@@ -317,7 +323,10 @@ class WandbLogger:
 
     def log(self, record: dict) -> None:
         if self.run is not None:
-            data = {k: jsonable(v) for k, v in record.items() if k != "step"}
+            data = {k: jsonable(v) for k, v in record.items() if k != "step" and not isinstance(v, str)}
+            for k, v in record.items():
+                if isinstance(v, str):  # words (the hardware): the run's summary, not a curve
+                    self.run.summary[k] = v
             self.run.log(data, step=int(record["step"]))
 
     def finish(self) -> None:

@@ -10,12 +10,14 @@ One optimizer step t (0-based) of the global batch B_t (`BatchLoader.get(t)`):
     grad f(x_t, B_t)           accumulated over micro-steps, all-reduced on the last one only
     clip (global norm); optimizer.step() with found_inf = "the norm is not finite": a non-finite step
     is skipped on the device (mars.optim.found_inf), nothing read back
+    train.average: the averaged weights take the new weights in, under the same verdict (mars.train.average)
 
 Nothing is read from the device in a step. The host reads it at read points only: log, evaluation,
 checkpoint and downstream steps and the last step, where the loop needs numbers anyway. There
 `settle()` reads the gradient norms of the steps since the last read point (one transfer) and runs,
 step by step, what the loop decides from them: the divergence alarms (mars.train.health), the
-skipped-step counters and their stop rule, the clip count. The logged loss is summed on the device
+skipped-step counters and their stop rule, the clip count, and the steps' times (mars.train.step_time:
+forward-backward and optimizer step, CUDA events read there). The logged loss is summed on the device
 and reduced over ranks at log steps. A preemption's stop flag is agreed across ranks every step in
 host memory, over a gloo group (mars.train.distributed.host_group), not through the device.
 """
@@ -54,6 +56,7 @@ class Counters:
 
     step: int = 0  # completed optimizer steps (skipped ones included)
     elapsed: float = 0.0  # wall-clock seconds over all resumed segments
+    train_time: float = 0.0  # seconds in training steps (no evaluation, checkpoint or compilation), ditto
     nonfinite_total: int = 0
     nonfinite_streak: int = 0
     clipped_steps: int = 0
@@ -115,6 +118,7 @@ class Trainer:
 
         self._build_data()
         self._build_model()
+        self._build_average()
         self._build_optimizer()
         wandb_run_id = self._restore(resume_from)
         check_metrics(self.raw_model, self.optimizer)  # a plugin metric with no number: stop before step 1
@@ -129,8 +133,10 @@ class Trainer:
         self._stop_flag = self._stop_tensor.numpy()
         self._host_group = host_group() if self.dist.distributed else None
         self.last_val_loss: float | None = None
+        self.last_val_loss_avg: float | None = None
         self.progress: Progress | None = None
         self._fit_start: float | None = None
+        self._hardware: str | None = None  # said on the first line with seconds of each fit()
         self._elapsed_before = 0.0
 
     # ------------------------------------------------------------------ construction
@@ -198,6 +204,24 @@ class Trainer:
         self.model = replicate(self.raw_model, self.device) if self.ddp else self.raw_model
         self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
         self.param_names = {id(p): n for n, p in self.raw_model.named_parameters()}
+        self._shard, self._compiled = shard, use_compile
+        from mars.train.step_time import StepTimes
+
+        self.timer = StepTimes(self.device, compiled=use_compile)
+
+    def _build_average(self) -> None:
+        """train.average: a second model from the spec, laid out (fsdp: sharded) and compiled as the model,
+        whose parameters hold the averaged weights (mars.train.average); None when off."""
+        self.average = None
+        if self.cfg.train.average == "off":
+            return
+        from mars.train.average import WeightAverage
+        from mars.train.parallel import compile_blocks
+
+        average_model = build_model(self.cfg.model, self.device, self.cfg.train.seed, self._shard)
+        if self._compiled:
+            compile_blocks(average_model)
+        self.average = WeightAverage(self.cfg.train, self.cfg.schedule, self.raw_model, average_model)
 
     def _build_optimizer(self) -> None:
         """The optimizer of the config over raw_model, and its lr (and, for MARS, gamma) schedule."""
@@ -228,10 +252,13 @@ class Trainer:
             if self.branch == "init":
                 init_weights(self.raw_model, t.init_from)
                 log.info(f"initial weights from train.init_from={t.init_from}")
+            if self.average is not None:
+                self.average.copy_from_model()
             return None
         ckpt.check_model_shape(step_dir, self.cfg.model)
         ckpt.load_model_state(self.raw_model, step_dir)
         state = ckpt.load_train_state(step_dir)
+        self._restore_average(step_dir, state.get("average"), int(state["counters"]["step"]))
         sharded_dir = step_dir / ckpt.SHARDED_DIR if ckpt.checkpoint_format(step_dir) == "sharded" else None
         load_optimizer_state(
             self.optimizer, ckpt.optimizer_state_for(self.optimizer, state["optimizer"], sharded_dir)
@@ -248,6 +275,32 @@ class Trainer:
             return None
         log.info(f"resumed from {step_dir} at step {self.state.step}")
         return ckpt.read_meta(step_dir).get("wandb_run_id")
+
+    def _restore_average(self, step_dir: Path, saved: dict | None, step: int) -> None:
+        """The averaged weights of the checkpoint, continued bit for bit (the rule is this run's config:
+        a decay or start changed on resume applies from here). A checkpoint without them (train.average
+        was off, or it predates averaging) or with another kind of average starts the average afresh at
+        its weights, with a warning unless nothing would have been averaged yet (a tail that begins later)."""
+        a = self.average
+        if a is None:
+            return
+        a.copy_from_model()
+        if saved is not None and saved.get("kind") == a.kind and ckpt.has_average(step_dir):
+            ckpt.load_average(a.tensors(), step_dir)
+            a.load_state_dict(saved)
+            return
+        why = (
+            f"it holds a train.average={saved.get('kind')} average, this run asks for {a.kind}"
+            if saved is not None and saved.get("kind") not in (None, "off")
+            else "it holds no averaged weights (train.average was off, or it predates them)"
+        )
+        if a.kind == "tail" and a.start >= step:
+            log.info(f"train.average=tail begins after step {a.start}: nothing to carry over from {step_dir}")
+            return
+        log.warning(
+            f"{step_dir}: {why}; the train.average={a.kind} average starts afresh at its weights (step "
+            f"{step}), so it is not the average an uninterrupted run would have"
+        )
 
     def _start_logging(self, config: dict, resume_from: Path | None, wandb_run_id: str | None) -> None:
         """The main rank's metrics (metrics.jsonl, wandb), cut back to the step resumed from when the
@@ -283,6 +336,7 @@ class Trainer:
             sharded = {**ckpt.model_templates(self.raw_model), **optimizer_tensors}
         elif self.dist.is_main:
             optimizer_state = self.optimizer.state_dict()
+        average = self.average.tensors() if self.average is not None else None
         path = None
         if self.dist.is_main or sharded is not None:
             s.elapsed = self._elapsed()
@@ -295,10 +349,14 @@ class Trainer:
                 "health": self.health.state_dict(),
                 "window": window,
             }
+            if self.average is not None:
+                train_state["average"] = self.average.state_dict()
             meta = {
                 "tokens": s.step * self.tokens_per_step,
                 "wandb_run_id": self.metrics.wandb.run_id if self.metrics else None,
                 "val_loss": self.last_val_loss,
+                "val_loss_avg": self.last_val_loss_avg,
+                "average": self.cfg.train.average,
                 "best_val_loss": s.best_val_loss if math.isfinite(s.best_val_loss) else None,
                 "world_size": self.dist.world_size,
                 "parallel": self.cfg.train.parallel,
@@ -320,6 +378,7 @@ class Trainer:
                 self.cfg.train.keep_last,
                 sharded=sharded,
                 healthy=self.health.healthy(s.step),
+                average=average,
             )
             if path is not None:
                 log.info(f"saved checkpoint {path}")
@@ -375,50 +434,64 @@ class Trainer:
         loss_sum = self._forward_backward(self._batches(step))
         return loss_sum, self._clip()
 
-    def _unless_finite(self, norm: torch.Tensor, call, zero: bool = False) -> None:
+    def _unless_finite(self, norm: torch.Tensor, call, zero: bool = False) -> torch.Tensor | bool:
         """call() (the optimizer's step or stash) with found_inf = "`norm` is not finite": decided on the
         device (mars.optim.found_inf). An optimizer that does not take found_inf (a plugin's, torch's
         unfused ones) costs one read of `norm` instead: a step is then skipped on the host, a stash made
-        of zeroed gradients."""
+        of zeroed gradients. Returns the verdict, for what else the step gates on it (the averaged
+        weights): 1 (taken) or 0 (skipped) as a 0-dim float tensor on the device, or a host bool."""
         from mars.optim import found_inf, skips_on_device
 
         bad = (~torch.isfinite(norm)).to(torch.float32)
         if skips_on_device(self.optimizer):
             with found_inf(self.optimizer, bad):
                 call()
-        elif math.isfinite(float(norm)):
+            return 1.0 - bad
+        if math.isfinite(float(norm)):
             call()
-        elif zero:
+            return True
+        if zero:
             torch._foreach_zero_([p.grad for p in self.params if p.grad is not None])
             call()
+        return False
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean token loss over the fixed validation windows, all ranks together."""
-        self.raw_model.eval()
+    def evaluate(self, model=None) -> float:
+        """Mean token loss over the fixed validation windows, all ranks together, of the model (or of
+        `model`: the averaged weights' model)."""
+        model = self.raw_model if model is None else model
+        model.eval()
         totals = torch.zeros(2, device=self.device, dtype=torch.float64)
         for x, y in self.val_loader:
             with self.autocast:
-                _, loss = self.raw_model(x, y)
+                _, loss = model(x, y)
             totals[0] += loss.double() * y.numel()
             totals[1] += y.numel()
-        self.raw_model.train()
+        model.train()
         if self.fsdp:  # no backward follows: put back the sharded weights FSDP2 kept gathered
             from torch.distributed.fsdp import FSDPModule
 
-            for module in self.raw_model.modules():
+            for module in model.modules():
                 if isinstance(module, FSDPModule):
                     module.reshard()
         all_reduce_sum(totals)
         return (totals[0] / totals[1]).item() if totals[1] > 0 else math.nan
 
     def _downstream_and_log(self) -> None:
-        """Zero-shot scores of the model (mars.eval, on the main rank), logged as downstream/TASK/METRIC."""
+        """Zero-shot scores of the model (mars.eval, on the main rank), logged as downstream/TASK/METRIC,
+        and with train.average those of the averaged weights, as downstream_avg/TASK/METRIC."""
+        results = self._downstream(self.raw_model, "downstream")
+        if self.average is not None:
+            results.update(self._downstream(self.average.model, "downstream_avg"))
+        if results:
+            self._log(results)
+
+    def _downstream(self, of, prefix: str) -> dict:
         from mars.eval.harness import evaluate_model
 
         d = self.cfg.downstream
         results = {}
-        model = self._whole_model_on_main() if self.fsdp else self.raw_model
+        model = self._whole_model_on_main(of) if self.fsdp else of
         if self.dist.is_main:
             model.eval()
             out = evaluate_model(
@@ -436,20 +509,17 @@ class Trainer:
             for task, metrics in out.items():
                 for name, value in metrics.items():
                     if isinstance(value, (int, float)):
-                        results[f"downstream/{task}/{name}"] = value
+                        results[f"{prefix}/{task}/{name}"] = value
         barrier()
-        if results:
-            self._log(results)
+        return results
 
-    def _whole_model_on_main(self):
-        """Under fsdp the main rank cannot run the sharded model alone (its forward all-gathers from
+    def _whole_model_on_main(self, of):
+        """Under fsdp the main rank cannot run the sharded model `of` alone (its forward all-gathers from
         every rank): every rank takes part in gathering the weights, the main rank gets an unsharded
         float32 copy to evaluate (the others get None)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(
-            self.raw_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
+        full = get_model_state_dict(of, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.dist.is_main:
             return None
         from mars.model.spec import spec_for
@@ -482,9 +552,13 @@ class Trainer:
         return previous
 
     def _log(self, values: dict) -> dict:
-        """One metrics line (main rank): the current step and tokens, then `values`. Returns the line."""
+        """One metrics line (main rank): the current step and tokens, then `values`. Returns the line. The
+        first line of this segment of the run that carries seconds also says what they were measured on
+        ("hardware": a resumed run may continue on another machine; the report names each)."""
         s = self.state.step
         record = {"step": s, "tokens": s * self.tokens_per_step, **values}
+        if self._hardware is not None and "train_time" in values:
+            record["hardware"], self._hardware = self._hardware, None
         if self.metrics is not None:
             self.metrics.log(record)
         return record
@@ -541,10 +615,14 @@ class Trainer:
         self.last_val_loss = val
         if math.isfinite(val):
             self.state.best_val_loss = min(self.state.best_val_loss, val)
+        record = {"val/loss": val}
+        if self.average is not None:
+            record["val/loss_avg"] = self.last_val_loss_avg = self.evaluate(self.average.model)
         self.state.elapsed = self._elapsed()
-        self._log({"val/loss": val, "time": self.state.elapsed})
+        self._log({**record, "time": self.state.elapsed, "train_time": self.state.train_time})
         if self.progress is not None:
-            self.progress.write(f"step {self.state.step}: val loss {val:.4f}")
+            avg = f" (averaged weights {record['val/loss_avg']:.4f})" if "val/loss_avg" in record else ""
+            self.progress.write(f"step {self.state.step}: val loss {val:.4f}{avg}")
 
     def train_step(self) -> StepResult:
         """One optimizer step at self.state.step, with nothing read from the device: a step whose gradient
@@ -552,17 +630,29 @@ class Trainer:
         from mars.optim import set_gamma, set_lr_factor
 
         s = self.state
+        t0 = time.perf_counter()
         set_lr_factor(self.optimizer, self.schedule(s.step))
         if self.gamma_schedule is not None:
             set_gamma(self.optimizer, self.gamma_schedule(s.step))
+        self.timer.begin()
         loss_sum, norm = self.forward_backward_step(s.step)
-        self._unless_finite(norm, self.optimizer.step)
+        self.timer.middle()
+        taken = self._unless_finite(norm, self.optimizer.step)
+        if self.average is not None:
+            self.average.update(s.step, taken)
         self._zero_grads()
+        timed = self.timer.end()
         s.step += 1
         self._unread.append((s.step, norm.detach()))
         self.window.add(loss_sum, norm)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        return StepResult(loss_sum, norm.detach(), self._agree_stop(), lr)
+        stop = self._agree_stop()
+        if timed:  # a step that compiled code is left out of the times (mars.train.step_time)
+            seconds = time.perf_counter() - t0
+            self.window.seconds += seconds
+            self.window.timed += 1
+            s.train_time += seconds
+        return StepResult(loss_sum, norm.detach(), stop, lr)
 
     def _agree_stop(self) -> bool:
         """Whether this is the last step: a stop signal on any rank, agreed by all of them at the same step
@@ -584,7 +674,10 @@ class Trainer:
             return
         t0 = time.perf_counter()
         norms = torch.stack([n.float().reshape(()) for _, n in self._unread]).tolist()  # the one read
-        self.window.seconds += time.perf_counter() - t0  # the wait for the device belongs to the steps
+        self.window.add_split(*self.timer.collect())  # CUDA: waits for the last step's end event
+        wait = time.perf_counter() - t0  # the wait for the device belongs to the steps
+        self.window.seconds += wait
+        self.state.train_time += wait
         s, t = self.state, self.cfg.train
         diverged = None
         for (step, _), norm in zip(self._unread, norms, strict=True):
@@ -613,13 +706,14 @@ class Trainer:
         self.raw_model.train()
         status = "completed"
         try:
+            from mars.device import hardware
+
+            self._hardware = hardware(str(self.device), self.dist.world_size)
             if s.step == 0:
                 self._eval_and_log()
             last_saved = s.step if s.step > 0 else None
             while s.step < t.max_steps:
-                t0 = time.perf_counter()
                 out = self.train_step()
-                self.window.seconds += time.perf_counter() - t0
                 self.progress.advance()
                 last = s.step == t.max_steps
                 checkpoint = last or out.stop or self._every(t.ckpt_interval) or s.step in t.ckpt_steps
@@ -701,7 +795,8 @@ class Trainer:
         loss_total = all_reduce_sum(win.loss.reshape(1)).item()  # every rank reaches log steps together
         s.elapsed = self._elapsed()
         denom = win.good * self.accum_steps * self.dist.world_size
-        tokens_per_s = win.steps * self.tokens_per_step / win.seconds if win.seconds > 0 else math.nan
+        timed = win.seconds > 0 and win.timed > 0  # not when every step of the window compiled
+        tokens_per_s = win.timed * self.tokens_per_step / win.seconds if timed else math.nan
         record = {
             "train/loss": loss_total / denom if denom else math.nan,
             "lr": lr,
@@ -709,7 +804,10 @@ class Trainer:
             "train/clip_rate": s.clipped_steps / s.step,
             "train/nonfinite_steps": s.nonfinite_total,
             "time": s.elapsed,
-            "ms_per_step": 1000 * win.seconds / win.steps,
+            "train_time": s.train_time,
+            "ms_per_step": 1000 * win.seconds / win.timed if timed else math.nan,
+            "ms_forward_backward": 1000 * win.forward_backward / win.split if win.split else math.nan,
+            "ms_optimizer": 1000 * win.optimizer / win.split if win.split else math.nan,
             "tokens_per_s": tokens_per_s,
         }
         # gamma, the mars/ diagnostics (mars.train.builtin_metrics), then a researcher's (register_metric)
@@ -744,12 +842,21 @@ class _Window:
     def __init__(self, device: torch.device):
         self.loss = torch.zeros((), device=device)
         self.norm, self.good, self.steps, self.seconds = 0.0, 0, 0, 0.0
+        # the timed steps (no compilation: mars.train.step_time), their wall time in `seconds`, and the
+        # split of the steps read so far: forward-backward and optimizer seconds over `split` steps
+        self.timed, self.forward_backward, self.optimizer, self.split = 0, 0.0, 0.0, 0
+
+    def add_split(self, forward_backward: float, optimizer: float, steps: int) -> None:
+        self.forward_backward += forward_backward
+        self.optimizer += optimizer
+        self.split += steps
 
     def state_dict(self, micro_batches: int) -> dict:
         """On every rank (the loss is summed over them); `micro_batches` per step over all ranks."""
         loss = all_reduce_sum(self.loss.detach().clone()).cpu()
         sums = {"norm": self.norm, "good": self.good, "steps": self.steps, "seconds": self.seconds}
-        return {"loss": loss, "micro_batches": micro_batches, **sums}
+        times = {"timed": self.timed, "forward_backward": self.forward_backward, "optimizer": self.optimizer}
+        return {"loss": loss, "micro_batches": micro_batches, **sums, **times, "split": self.split}
 
     def load_state_dict(self, state: dict, micro_batches: int, main: bool) -> None:
         """The loss summed over every rank goes to the main rank (the log line sums over ranks again); a sum
@@ -760,9 +867,15 @@ class _Window:
         self.loss = loss if main else torch.zeros_like(loss)
         self.norm, self.good = float(state["norm"]), int(state["good"])
         self.steps, self.seconds = int(state["steps"]), float(state["seconds"])
+        self.timed = int(state.get("timed", self.steps))  # older checkpoints: every step timed, no split
+        self.forward_backward, self.optimizer = (
+            float(state.get("forward_backward", 0.0)),
+            float(state.get("optimizer", 0.0)),
+        )
+        self.split = int(state.get("split", 0))
 
     def add(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """A step's loss, on the device (a skipped step's, not finite, adds nothing); its norm is added at
-        the next read point (Trainer.settle), its time by fit()."""
+        the next read point (Trainer.settle), its time by train_step()."""
         self.steps += 1
         self.loss += torch.where(torch.isfinite(grad_norm), loss_sum.detach(), 0.0)

@@ -118,3 +118,9 @@ def test_best_takes_the_matching_group_with_the_lowest_mean_final_loss(tmp_path)
     assert report.groups[report.baseline].label == "lr=0.002"
     with pytest.raises(Exception, match="matches 3 groups"):
         build_report([tmp_path], baseline=["optimizer.name=adamw"])
+
+
+def test_a_target_that_is_not_a_finite_number_is_one_line_with_the_fix(sweep, capsys):
+    for bad in ("nan", "inf"):
+        line = one_error_line(capsys, [sweep, "--target", bad])
+        assert f"--target {bad} is not a finite number" in line and "e.g. --target 3.28" in line

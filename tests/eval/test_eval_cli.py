@@ -36,7 +36,7 @@ def test_checkpoint_end_to_end_writes_results_and_table(run_dir, capsys, monkeyp
     assert mars["path"] == str(run_dir / "ckpt" / "step_00000010")
     assert mars["config"]["train"] == {"max_steps": 10}  # the run's config.yaml
     want = {"tasks": ["mars_quiz"], "limit": 8, "num_fewshot": 0, "batch_size": 8, "dtype": "float32"}
-    assert mars["request"] == want  # dtype auto computes in float32 on the CPU
+    assert mars["request"] == {**want, "weights": "model"}  # dtype auto computes in float32 on the CPU
     # lm-eval's own results file, untouched
     acc = data["results"]["mars_quiz"]["acc,none"]
     assert acc == mars["scores"]["mars_quiz"]["acc"] == result.scores["mars_quiz"]["acc"]
@@ -56,6 +56,31 @@ def test_checkpoint_end_to_end_writes_results_and_table(run_dir, capsys, monkeyp
     assert other.name == "mine" and other.request["limit"] == 4
     saved = json.loads((run_dir / "ev4" / "results.json").read_text())
     assert saved["n-samples"]["mars_quiz"]["effective"] == 4
+
+
+def test_average_true_scores_the_averaged_weights_into_a_dir_of_their_own(run_dir, capsys):
+    """A checkpoint of a run with train.average holds its averaged weights (average.safetensors): average=true
+    scores them, apart from the model's (their own output dir, row label and request); a checkpoint
+    without them is one line before any model is loaded."""
+    import torch
+    from eval_fixtures import tiny_gpt
+
+    from mars.checkpoint import load_model
+    from mars.checkpoint.model_dir import save_average
+
+    step_dir = run_dir / "ckpt" / "step_00000010"
+    averaged = tiny_gpt(3)
+    save_average({n: p.detach() for n, p in averaged.named_parameters()}, step_dir)
+    model, _ = load_model(run_dir, average=True)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), averaged.parameters(), strict=True))
+    (result,) = run(config(f"ckpt={run_dir}", "tasks=smoke", "limit=4", "average=true"))
+    saved = json.loads((run_dir / "eval" / "step_00000010-average" / "results.json").read_text())["mars"]
+    assert saved["name"] == result.name == "tiny_run@10 (averaged)"
+    assert saved["request"]["weights"] == "average"
+    (model_scores,) = run(config(f"ckpt={run_dir}", "tasks=smoke", "limit=4"))  # not the averaged result
+    assert "reusing" not in capsys.readouterr().out and model_scores.request["weights"] == "model"
+    with pytest.raises(EvalError, match="average=true: .*step_00000005 holds no averaged weights"):
+        run(config(f"ckpt={run_dir / 'ckpt' / 'step_00000005'}", "tasks=smoke", "average=true"))
 
 
 def test_a_llama_checkpoint_is_scored_with_its_runs_tokenizer(tmp_path):

@@ -53,6 +53,12 @@ def test_python_train_py_on_one_gpu_trains_checkpoints_and_resumes(gpu_run, data
     assert [r["step"] for r in lines if "val/loss" in r] == [0, 2]
     train = next(r for r in lines if "train/loss" in r)
     assert "mfu" in train and "max_memory_gb" in train  # a GPU's peak FLOP/s is known, its memory counted
+    # the step's split from CUDA events, read at the log step after a synchronize (elapsed_time before it
+    # would have failed the run)
+    assert train["ms_forward_backward"] > 0 and train["ms_optimizer"] > 0
+    # three timing events, recorded again every step (read at each log step: log_interval=1)
+    assert calls(log, "Event") == [{"call": "Event", "enable_timing": True}] * 3
+    assert lines[0]["hardware"] == "1 x NVIDIA H200 (stand-in)"
     assert (run_dir / "ckpt" / "step_00000002").is_dir()
 
     # the same run continued with train.device=cuda and train.dtype=float32 (the checkpoint's CUDA RNG

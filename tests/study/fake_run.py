@@ -16,6 +16,10 @@ Budgets and sizes (mars.study.budgets): train.max_steps and model.n_embd add a k
 but adamw: the effective-data speedup of the other arms over adamw is exactly k. train.ckpt_steps writes
 a complete checkpoint dir (ckpt/step_N/meta.json) per step; train.fork_from must name one (else exit 1
 with an `error:` line, as the trainer), and the fork writes lineage.json.
+
+Time: every line carries train_time = tokens x 1 ms, times $FAKE_SLOWDOWN (default 1) for every optimizer
+but adamw, and the first names its hardware (FAKE_HARDWARE). With train.average (not off), val/loss_avg is
+val/loss - 0.02 for adamw and + 0.01 for the others (AVERAGE_GAIN).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import yaml
 
 OPT_LR, OPT_GAMMA, DIVERGE_LR = 3e-3, 0.04, 0.05
 TOKENS_PER_EVAL = 1024
+FAKE_HARDWARE = "1 process x 1 thread of a fake CPU (2 cores)"
+AVERAGE_GAIN = {"adamw": -0.02}  # val/loss_avg - val/loss; +0.01 for any other optimizer
 
 
 def objective(lr: float, gamma: float | None, seed: int, scale: float = 0.0) -> float:
@@ -119,13 +125,20 @@ def write_run(args: list[str]) -> int:
     for step in cfg["train"].get("ckpt_steps") or []:
         (run_dir / "ckpt" / f"step_{step:08d}").mkdir(parents=True, exist_ok=True)
         (run_dir / "ckpt" / f"step_{step:08d}" / "meta.json").write_text(json.dumps({"healthy": True}))
+    name = cfg["optimizer"]["name"]
+    slow = 1.0 if name == "adamw" else float(os.environ.get("FAKE_SLOWDOWN", 1.0))
+    averaged = str(cfg["train"].get("average", "off")) != "off"
     with open(run_dir / "metrics.jsonl", "w") as f:
         for k in range(5):
             loss = final + 2.0 / (k + 1) - 2.0 / 5 if lr <= DIVERGE_LR or k < 2 else math.nan
-            f.write(
-                json.dumps({"step": k, "tokens": k * TOKENS_PER_EVAL, "val/loss": str(loss), "time": 0.1 * k})
-                + "\n"
-            )
+            tokens = k * TOKENS_PER_EVAL
+            line = {"step": k, "tokens": tokens, "val/loss": str(loss), "time": 0.1 * k}
+            if averaged:
+                line["val/loss_avg"] = str(loss + AVERAGE_GAIN.get(name, 0.01))
+            line["train_time"] = tokens * 1e-3 * slow
+            if k == 0:
+                line["hardware"] = FAKE_HARDWARE
+            f.write(json.dumps(line) + "\n")
     if lr > DIVERGE_LR:
         _outcome(run_dir, "diverged", "stopping at step 3: 5 steps in a row had a non-finite loss (fake)")
         print("error: stopping at step 3 (fake)", file=sys.stderr)

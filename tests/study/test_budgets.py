@@ -163,6 +163,59 @@ def test_the_report_recovers_a_known_speedup_at_every_budget_and_size(tmp_path, 
     assert "top1-seed1-s-b32" in md and "report.md" in {p.name for p in written}
 
 
+def test_the_report_judges_the_averaged_weights_and_gives_speedups_per_second_and_a_profile(
+    tmp_path, monkeypatch
+):
+    """The fake law's 1.5x data speedup, at twice adamw's seconds per token: 0.75x per second. With
+    train.average the runs log val/loss_avg (adamw's 0.02 below its val/loss, mars_adamw's 0.01 above):
+    the report judges both, averaging's paired effect per arm, size and budget, and writes report.py's
+    report of the averaged value; the performance profile puts mars_adamw best in tokens, adamw in seconds."""
+    from fake_run import FAKE_HARDWARE
+
+    from mars.study.report import write_study_report
+
+    monkeypatch.setenv("FAKE_SPEEDUP", "1.5")
+    monkeypatch.setenv("FAKE_SLOWDOWN", "2")
+    fixed = {
+        "arms": {
+            "adamw": {"overrides": ["optimizer=adamw", "optimizer.lr=0.003"], "search": {}, "trials": None},
+            "mars_adamw": {
+                "overrides": ["optimizer=mars_adamw", "optimizer.lr=0.003", "optimizer.gamma=0.04"],
+                "search": {},
+                "trials": None,
+            },
+        }
+    }
+    study = ladder_study(tmp_path / "st", [*BASE, "train.average=ema"], **fixed)
+    written = {
+        p.relative_to(tmp_path / "st" / "report").as_posix() for p in write_study_report(run_fake(study))
+    }
+    report = tmp_path / "st" / "report"
+    md, js = (report / "study.md").read_text(), json.loads((report / "study.json").read_text())
+    ladder = js["ladder"]
+    assert {(t["arm"], t["tokens_per_s"]) for t in ladder["throughput"]} == {
+        ("adamw", 1000.0),
+        ("mars_adamw", 500.0),
+    }
+    assert "| s | mars_adamw | 1,024 | 1.500 (1.5 to 1.5) | 0.750 | measured |" in md
+    assert f"measured on {FAKE_HARDWARE}" in md
+    rho = ladder["performance_profile"]
+    assert rho["tokens"]["rho"]["mars_adamw"]["1"] == 1.0 and rho["tokens"]["rho"]["adamw"]["1"] < 1.0
+    assert rho["seconds"]["rho"]["adamw"]["1"] == 1.0 and rho["seconds"]["rho"]["mars_adamw"]["1"] < 1.0
+    assert "performance_profile.png" in written and "### Performance profile" in md
+    # averaged weights: the same runs judged on val/loss_avg
+    averaged = js["averaged"]
+    assert averaged["key"] == "val/loss_avg" and "## Averaged weights" in md
+    effect = {a["arm"]: a["difference"] for a in averaged["arms"]}
+    assert effect == {"adamw": pytest.approx(-0.02), "mars_adamw": pytest.approx(0.01)}
+    assert all(
+        c["difference"] == pytest.approx(-0.02 if c["arm"] == "adamw" else 0.01) for c in averaged["cells"]
+    )
+    assert len(averaged["cells"]) == 2 * 2 * 3  # arms x sizes x budgets
+    assert {"averaged/report.md", "averaged/performance_profile.png"} <= written
+    assert "weights (train.average=ema) and logged its val/loss_avg" in md and "#### Budget table" in md
+
+
 @pytest.mark.slow
 def test_a_budgets_study_of_the_real_train_py_branches_equal_standalone_runs(tmp_path, data_root):
     """One arm, nothing searched, budgets 6 and 8 steps: a trunk and a branch through train.py; the

@@ -72,6 +72,13 @@ def run_main(capsys, args) -> tuple[int, str]:
             ["study.final.seeds=[1, 1] must be a non-empty list of distinct seeds"],
         ),
         (["study.launcher.gpus_per_job=64"], ["study.launcher.gpus_per_job=64 but this machine shows"]),
+        (
+            ["study.metric.key=val/loss_avg"],
+            [
+                "study.metric.key=val/loss_avg is the averaged weights' loss",
+                "study.arms.adamw trains with train.average=off: add train.average=ema",
+            ],
+        ),  # fmt: skip
     ],
 )
 def test_a_bad_spec_stops_in_one_line_before_anything_runs(capsys, tmp_path, args, fragments):
@@ -86,7 +93,10 @@ def test_a_bad_spec_stops_in_one_line_before_anything_runs(capsys, tmp_path, arg
 
 def test_no_spec_or_an_unknown_one_is_named(capsys):
     code, err = run_main(capsys, ["model=llama_tiny"])
-    assert code == 2 and "choose a study spec: study=NAME (configs/study/ holds ladder, micro, smoke)" in err
+    assert (
+        code == 2
+        and "choose a study spec: study=NAME (configs/study/ holds averaging, ladder, micro, smoke)" in err
+    )
     code, err = run_main(capsys, ["study=nope"])
     assert code == 2 and "Could not find 'study/nope'" in err and "micro" in err
 

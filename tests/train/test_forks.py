@@ -25,7 +25,8 @@ pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")
 
 LLAMA = ["model=llama_tiny", "model.n_head=4", "model.n_kv_head=2"]
 WSD = ["schedule=wsd", "schedule.decay_fraction=0.25"]  # warmup 2 (tiny_overrides)
-TIMING = {"time", "ms_per_step", "tokens_per_s", "mfu"}
+TIMING = {"time", "train_time", "ms_per_step", "ms_forward_backward", "ms_optimizer", "tokens_per_s", "mfu"}
+TIMING.add("hardware")  # what the seconds were measured on: said again by each run segment
 
 
 def lines(run_dir: Path) -> list[dict]:

@@ -1,6 +1,6 @@
 """The host-read budget of the training step: a step that does not log, evaluate or checkpoint reads
-nothing back from the device, for every optimizer family, exact MARS, ddp and fsdp on 2 ranks; at a
-read point the reads happen (the counter sees them).
+nothing back from the device, for every optimizer family, exact MARS, averaged weights, ddp and fsdp on
+2 ranks; at a read point the reads happen (the counter sees them).
 
 A read is a call that needs the tensor's value on the host, which on a GPU waits for the device:
 .item(), .tolist(), bool()/float()/int() of a tensor, .cpu(), .numpy(), and .to("cpu"). Counted here on
@@ -66,6 +66,9 @@ CASES = {
     "mars_m": ["optimizer=mars_m"],
     "muon": ["optimizer=muon"],
     "lion": ["optimizer=lion"],
+    # the averaged weights' update: one lerp on the device, gated by the same found_inf verdict
+    "adamw_ema": ["optimizer=adamw", "train.average=ema"],
+    "mars_adamw_tail": ["optimizer=mars_adamw", "train.average=tail", "train.average_start=1"],
 }
 
 
@@ -119,6 +122,6 @@ def _ranks(rank: int, world: int, data_root, run_dir, names: list[str]) -> dict:
 
 
 def test_ddp_and_fsdp_steps_read_nothing_back_on_2_ranks(data_root, tmp_path):
-    names = ["adamw", "mars_adamw", "mars_adamw_exact", "mars_m"]
+    names = ["adamw", "mars_adamw", "mars_adamw_exact", "mars_m", "mars_adamw_tail"]
     counts = run_ranks(2, _ranks, data_root, str(tmp_path), names)
     assert counts == {(p, n): [] for p in ("ddp", "fsdp") for n in names}

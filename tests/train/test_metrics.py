@@ -190,6 +190,7 @@ def test_the_trainer_writes_exactly_the_keys_it_declares(
     monkeypatch.setenv("MARS_PEAK_FLOPS", "1e12")
     metrics.register_metric("weights", lambda model, optimizer: {"rms": 1.0})
     extra = ["optimizer.diagnostics=true", "optimizer.gamma_schedule.name=linear"]
+    extra.append("train.average=ema")  # val/loss_avg
     cfg = compose([*tiny_overrides(data_root, max_steps=2, eval_interval=2), *extra])
     Trainer(cfg, tmp_path, DistInfo()).fit()
     keys = {k for line in read_metrics(tmp_path) for k in line}
@@ -197,8 +198,16 @@ def test_the_trainer_writes_exactly_the_keys_it_declares(
     assert keys == {*metrics.TRAINER_KEYS, *DIAGNOSTIC_KEYS, "weights/rms"} - {"max_memory_gb"}
     # a training line: the trainer's core record, the built-in metrics, a researcher's, then MFU
     core = ["step", "tokens", "train/loss", "lr", "grad_norm", "train/clip_rate", "train/nonfinite_steps"]
-    order = [*core, "time", "ms_per_step", "tokens_per_s", "gamma", *DIAGNOSTIC_KEYS, "weights/rms", "mfu"]
+    times = ["time", "train_time", "ms_per_step", "ms_forward_backward", "ms_optimizer", "tokens_per_s"]
+    order = [*core, *times, "gamma", *DIAGNOSTIC_KEYS, "weights/rms", "mfu"]
     assert [list(line) for line in read_metrics(tmp_path) if "train/loss" in line] == [order, order]
+    # the first line with seconds names the hardware they are measured on: the evaluation at step 0
+    assert [line.get("hardware", "").endswith("cores)") for line in read_metrics(tmp_path)] == [
+        True,
+        False,
+        False,
+        False,
+    ]
     assert all(metrics.is_trainer_key(k) for k in DIAGNOSTIC_KEYS)
     with pytest.raises(RuntimeError, match=r"'new/key' is neither in mars.train.metrics.TRAINER_KEYS"):
         metrics._check_keys({"step": 1, "weights/rms": 1.0, "new/key": 2.0})

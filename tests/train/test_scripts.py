@@ -167,3 +167,28 @@ def test_bench_train_takes_the_layout_as_an_override_too():
     assert bench.parse_args(["--parallel", "ddp", "fsdp"]).parallel == ["ddp", "fsdp"]
     with pytest.raises(SystemExit):
         bench.parse_args(["train.parallel=zero"])
+
+
+def test_the_benchmarks_measure_what_averaged_weights_cost(data_root, tmp_path, one_thread):
+    """bench_train.py --average: a row per optimizer with train.average, its split and its 4 bytes per
+    parameter of float32 averaged weights; bench_optim.py's average_ema row: the update alone."""
+    import torch
+
+    from mars.model import GPT, GPTConfig
+
+    bench = load_script("bench_train")
+    overrides = [f"data.root={data_root}", "model.n_layer=1", "model.n_embd=32", "model.block_size=32",
+                 "train.batch_size=2", "train.global_batch_size=2", "train.eval_steps=0", "logger=disabled",
+                 "train.progress=false", "train.device=cpu"]  # fmt: skip
+    plain = bench.bench_one("adamw", overrides, 2, 1, tmp_path)
+    averaged = bench.bench_one("adamw", [*overrides, "train.average=ema"], 2, 1, tmp_path)
+    assert (plain["name"], plain["average"], plain["average_bytes_per_param"]) == ("adamw", None, 0.0)
+    assert (averaged["name"], averaged["average"]) == ("adamw+ema", "ema")
+    assert averaged["average_bytes_per_param"] == 4.0 and averaged["ms_optimizer"] > 0
+    assert averaged["ms_forward_backward"] > 0
+    optim = load_script("bench_optim")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=64))
+    n = sum(p.numel() for p in model.parameters())
+    row = optim.time_row("average_ema", model, n, steps=2, warmup=1, device=torch.device("cpu"))
+    assert row["state_bytes_per_param"] == 4.0 and row["ms_per_step"] > 0

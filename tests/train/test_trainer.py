@@ -255,8 +255,10 @@ def test_resume_from_a_checkpoint_reproduces_the_straight_run(data_root, tmp_pat
 
 def test_a_preempted_and_resumed_run_logs_the_lines_of_the_straight_run(data_root, tmp_path):
     """The sums of the log window travel in the checkpoint: the first line after a resume averages the
-    same steps as the uninterrupted run's (bit-identical on CPU; timing keys aside)."""
-    timing = {"time", "ms_per_step", "tokens_per_s", "mfu"}
+    same steps as the uninterrupted run's (bit-identical on CPU; timing keys aside: each segment also
+    names its hardware)."""
+    timing = {"time", "train_time", "ms_per_step", "ms_forward_backward", "ms_optimizer", "tokens_per_s"}
+    timing |= {"mfu", "hardware"}
 
     def lines(run_dir):
         records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
@@ -308,9 +310,10 @@ def test_in_loop_downstream_eval_is_logged_every_interval(data_root, tmp_path, m
 
     monkeypatch.setattr(harness, "evaluate_model", fake_evaluate_model)
     extra = ["downstream.tasks=[hellaswag]", "downstream.interval=2", "downstream.limit=10"]
-    tr = make_trainer(data_root, tmp_path, extra, max_steps=4)
+    tr = make_trainer(data_root, tmp_path, [*extra, "train.average=ema"], max_steps=4)
     tr.fit()
-    assert calls == [(False, ["hellaswag"], 10, 8, "cpu", 0)] * 2  # steps 2 and 4, model in eval mode
+    # steps 2 and 4: the model, then the averaged weights, each in eval mode
+    assert calls == [(False, ["hellaswag"], 10, 8, "cpu", 0)] * 4
     assert tr.raw_model.training
     lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     downstream = [r for r in lines if any(k.startswith("downstream/") for k in r)]
@@ -318,6 +321,7 @@ def test_in_loop_downstream_eval_is_logged_every_interval(data_root, tmp_path, m
     assert (
         downstream[0]["downstream/hellaswag/acc"] == 0.25
         and "downstream/hellaswag/alias" not in downstream[0]
+        and downstream[0]["downstream_avg/hellaswag/acc"] == 0.25
     )
 
 
@@ -338,11 +342,13 @@ def _fsdp_downstream_rank(rank: int, world: int, data_root: str, run_dir: str) -
 
     harness.evaluate_model = fake_evaluate_model
     extra = ["train.parallel=fsdp", "downstream.tasks=[hellaswag]", "downstream.interval=2"]
+    extra += ["train.average=ema", "train.average_decay=0.5"]
     cfg = compose([*tiny_overrides(data_root, max_steps=2, batch_size=1, global_batch_size=2), *extra])
     tr = Trainer(cfg, run_dir, DistInfo(rank=rank, local_rank=rank, world_size=world, device="cpu"))
     tr.fit()
     whole = {n: p.full_tensor() for n, p in tr.raw_model.named_parameters()}  # a collective: every rank
-    return {"seen": seen, "whole": whole}
+    average = {n: p.full_tensor() for n, p in tr.average.model.named_parameters()}
+    return {"seen": seen, "whole": whole, "average": average}
 
 
 def test_in_loop_downstream_eval_under_fsdp_scores_the_whole_model_on_rank_0(data_root, tmp_path):
@@ -351,14 +357,16 @@ def test_in_loop_downstream_eval_under_fsdp_scores_the_whole_model_on_rank_0(dat
     from dist_helpers import run_ranks
 
     out = run_ranks(2, _fsdp_downstream_rank, str(data_root), str(tmp_path))
-    assert len(out["seen"]) == 1  # step 2, on rank 0
-    evaluated, whole = out["seen"][0], out["whole"]
-    assert set(evaluated) == set(whole)
-    for name, tensor in whole.items():
-        assert not hasattr(evaluated[name], "to_local"), f"{name}: a shard was evaluated"
-        assert torch.equal(evaluated[name], tensor), name
+    assert len(out["seen"]) == 2  # step 2, on rank 0: the model, then the averaged weights
+    for evaluated, whole in zip(out["seen"], (out["whole"], out["average"]), strict=True):
+        assert set(evaluated) == set(whole)
+        for name, tensor in whole.items():
+            assert not hasattr(evaluated[name], "to_local"), f"{name}: a shard was evaluated"
+            assert torch.equal(evaluated[name], tensor), name
+    assert not all(torch.equal(out["whole"][n], t) for n, t in out["average"].items())  # two models
     lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "downstream/hellaswag/acc" in r] == [2]
+    assert [r["step"] for r in lines if "downstream_avg/hellaswag/acc" in r] == [2]
 
 
 # ----------------------------------------------------------------------------- seeds

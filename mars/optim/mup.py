@@ -13,9 +13,7 @@ returning its lr multiplier. r is the fan-in ratio (fan-in over the base's), m =
                   multiplier = scale(base shape) / scale(shape). Muon's sqrt(max(1, rows/cols)) has the
                   same value at every width (x 1); Moonlight's 0.2 sqrt(max(rows, cols)) grows as sqrt(m)
                   (x 1/sqrt(r)). The other tensors take AdamW: ELEMENTWISE (x 1).
-    SHAMPOO       (MARS-Shampoo: every matrix orthogonalised, embeddings and an untied head too, with
-                  the reference rule): hidden matrices and embeddings scale(base)/scale(shape) (x 1 and
-                  x sqrt(m)); an untied head, read through the 1/m output multiplier, also x sqrt(r)
+    MARS-Shampoo  refused (NO_SHAMPOO): it orthogonalises the embedding and a tied head as well
 
 The weight decay follows the lr inversely (multiplier 1/lr multiplier): the decay a step applies,
 lr x weight_decay, is the same at every width ("independent" weight decay, Wortsman et al. 2023), so a
@@ -69,13 +67,29 @@ MATRIX_REFERENCE = _matrix_rule("reference")
 MATRIX_MOONLIGHT = _matrix_rule("moonlight")
 
 
-def SHAMPOO(role: str, shape: tuple, base: tuple) -> float:  # noqa: N802
-    """MARS-Shampoo: every matrix (ndim 2) orthogonalised with the reference rule at the base shape; an
-    untied head also x sqrt(r) (its logits are read through muP's 1/m); other tensors x 1."""
-    if len(shape) != 2:
-        return 1.0
-    mult = _orthogonal("reference", shape, base)
-    return mult * math.sqrt(_fan_in_ratio(shape, base)) if role == "head" else mult
+# MARS-Shampoo's reason, as its registered `mup`: no rule scales its update for muP (docs/mup.md).
+NO_SHAMPOO = (
+    "MARS-Shampoo orthogonalises the embedding matrix (and GPT-2's tied head) too, and no lr multiplier "
+    "keeps that update's effect fixed across widths (with a tied head, the embedding and the logits need "
+    "different ones; the coordinate check shows the logits shrinking); use mars_adamw or mars_m, or "
+    "model.parametrization=sp"
+)
+
+
+def refusal(name: str) -> str | None:
+    """Why optimizer `name` cannot train a muP model (one line naming the fix), or None."""
+    from .registry import registered
+
+    rule = registered(name).mup
+    if isinstance(rule, str):
+        return f"optimizer={name} does not support model.parametrization=mup: {rule}"
+    if rule is None:
+        return (
+            f"optimizer={name} has no muP rule (model.parametrization=mup): register it with "
+            "mup=mars.optim.mup.ELEMENTWISE (or another rule of mars.optim.mup), or train with "
+            "model.parametrization=sp"
+        )
+    return None
 
 
 def split(model, groups: list[dict], rule: Rule | None, name: str) -> list[dict]:
@@ -87,12 +101,8 @@ def split(model, groups: list[dict], rule: Rule | None, name: str) -> list[dict]
 
     if not mup.is_mup(getattr(model, "config", None)):
         return groups
-    if rule is None:
-        raise ValueError(
-            f"optimizer={name} has no muP rule (model.parametrization=mup): register it with "
-            "mup=mars.optim.mup.ELEMENTWISE (or another rule of mars.optim.mup), or train with "
-            "model.parametrization=sp"
-        )
+    if not callable(rule):
+        raise ValueError(refusal(name))
     roles = spec_of(model).param_roles(model)
     base = mup.base_shapes(model)
     names = {id(p): n for n, p in model.named_parameters()}

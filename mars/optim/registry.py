@@ -37,7 +37,7 @@ class Registered:
     grouping: str  # "decay": weight decay on matrices | "matrix": hidden matrices vs the rest (Muon family)
     trainer_keys: tuple[str, ...] = ()  # keys the trainer drives (e.g. gamma_schedule), not the optimizer
     fixed: Mapping = field(default_factory=dict)  # constructor keywords this name fixes (MARS's mars_type)
-    mup: Callable | None = None  # its muP lr rule (mars.optim.mup); None: refused with a muP model
+    mup: Callable | str | None = None  # its muP lr rule (mars.optim.mup); a str (why) or None: refused
 
     def keywords(self, config) -> dict:
         """The constructor keywords of a config instance (lists become tuples, as betas are)."""
@@ -72,14 +72,14 @@ def register(
     grouping: str,
     trainer_keys: tuple[str, ...] = (),
     fixed: Mapping | None = None,
-    mup: Callable | None = None,
+    mup: Callable | str | None = None,
 ) -> None:
     """Register `optimizer` under `name` with its config dataclass.
 
     optimizer: a class (or a function returning an optimizer) called as optimizer(param_groups,
     **fixed, **the config's fields but `name` and `trainer_keys`), so every such field must be one of
     its keywords. mup: its rule for muP models (mars.optim.mup: ELEMENTWISE for an Adam- or sign-type
-    update, ...); without one, a muP model is refused with this optimizer."""
+    update, ...); without one (or with a str: why there is none), a muP model is refused with it."""
     if grouping not in GROUPINGS:
         raise ValueError(f"register({name!r}): grouping={grouping!r} must be one of {GROUPINGS}")
     if name in _REGISTRY:  # a plugin cannot replace a built-in: refused unless the same module's again

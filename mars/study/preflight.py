@@ -58,8 +58,8 @@ def check_dirs(study: Study, trials) -> None:
     known = {t.dir.resolve(): t for t in trials if t.dir is not None}
     unknown = [
         d
-        for phase in ("search", "final")
-        for d in sorted((study.dir / phase).glob("*/*"))
+        for pattern in ("search/*/*", "search/*/*/*", "final/*/*")  # search/ARM/SCOPE/NNN: study.tune
+        for d in sorted(study.dir.glob(pattern))
         if d.is_dir() and holds_a_run(d) and d.resolve() not in known
     ]
     if unknown:

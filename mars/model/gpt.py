@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mars.checks import at_least, choice, fraction, multiple_of
+from mars.model import mup
 from mars.model.lm import CausalLM, normal_, token_loss
 from mars.model.spec import ModelSpec, register_arch, roles_by_name
 
@@ -44,6 +45,8 @@ class GPTConfig:
     dropout: float = 0.0
     scale_attn_by_inverse_layer_idx: bool = True
     activation: str = "gelu_tanh"  # gelu_tanh (GPT-2's, the reference's) | gelu (exact erf)
+    parametrization: str = "sp"  # sp | mup (mars.model.mup, docs/mup.md)
+    mup_base_width: int | None = None  # mup: the width the hyperparameters were tuned at
 
 
 GPT_PRESETS: dict[str, GPTConfig] = {
@@ -68,6 +71,7 @@ def validate_config(c: GPTConfig) -> None:
         )
     fraction("model.dropout", c.dropout)
     choice("model.activation", c.activation, ACTIVATIONS)
+    mup.check(c)
 
 
 class CausalSelfAttention(nn.Module):
@@ -83,7 +87,8 @@ class CausalSelfAttention(nn.Module):
         # when scale_attn_by_inverse_layer_idx is on (q is divided by it; an integer, exact in any dtype).
         # layer_div is a buffer, not a Python number: torch.compile takes it as an input, so every block
         # shares one compilation (a number would be a constant it guards on, one recompile per layer).
-        self.scale = (config.n_embd // config.n_head) ** -0.5
+        # The scale is one number for all blocks: 1/sqrt(head_dim), or muP's sqrt(base head_dim)/head_dim.
+        self.scale = mup.attention_scale(config) or (config.n_embd // config.n_head) ** -0.5
         self.by_layer = config.scale_attn_by_inverse_layer_idx
         self.register_buffer("layer_div", torch.tensor(float(layer_idx + 1)), persistent=False)
         self.layer_idx = layer_idx
@@ -142,6 +147,7 @@ class GPT(CausalLM):
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.output_mult = mup.output_multiplier(config)  # muP's 1/m on the logits; 1.0 under SP
         self.tie_weights()
         self.init_weights()
 
@@ -158,17 +164,20 @@ class GPT(CausalLM):
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, and the residual
-        projections (attn.c_proj, mlp.c_proj) at 0.02 / sqrt(2 * n_layer).
+        projections (attn.c_proj, mlp.c_proj) at 0.02 / sqrt(2 * n_layer); under muP the block matrices'
+        std divided by sqrt(their fan-in over the base model's) (mars.model.mup).
 
         With a `generator`, the weights are a function of its seed alone: every matrix is drawn whole,
         in a fixed order, and a sharded (FSDP2 DTensor) parameter keeps its own slice, so the same seed
         gives the same model whether it is replicated (DDP) or sharded over any number of ranks."""
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        factor = mup.init_factors(self)  # {} under SP
         for name, module in self.named_modules():
             if module is self.lm_head:
                 continue  # shares its weight with wte, drawn once below as an Embedding
             if isinstance(module, nn.Linear):
-                normal_(module.weight, residual_std if name.endswith("c_proj") else 0.02, generator)
+                std = (residual_std if name.endswith("c_proj") else 0.02) * factor.get(f"{name}.weight", 1.0)
+                normal_(module.weight, std, generator)
                 if module.bias is not None:
                     module.bias.zero_()
             elif isinstance(module, nn.Embedding):
@@ -198,11 +207,27 @@ class GPT(CausalLM):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        x = self.transformer.ln_f(x)
+        if self.output_mult != 1.0:  # muP: logits x 1/m, applied to the n_embd-wide input of the head
+            x = x * self.output_mult
+        logits = self.lm_head(x)
         live = self.config.live_vocab_size
         if live is not None and live < self.config.vocab_size:  # (lm_head's backward needs not its output)
             logits[..., live:] = float("-inf")
         return logits, None if targets is None else token_loss(logits, targets)
+
+    def fold_multipliers(self, state: dict, attn: float, out: float) -> None:
+        """mars.model.mup.as_sp: fold the attention factor into q's rows of c_attn, the output multiplier
+        into ln_f, in a state dict of this model."""
+        C = self.config.n_embd
+        for i in range(self.config.n_layer):
+            for kind in ("weight", "bias"):
+                key = f"transformer.h.{i}.attn.c_attn.{kind}"
+                if key in state:
+                    state[key][:C] *= attn
+        for kind in ("weight", "bias"):
+            if f"transformer.ln_f.{kind}" in state:
+                state[f"transformer.ln_f.{kind}"] *= out
 
 
 # ----------------------------------------------------------------------------- counts and FLOPs
@@ -256,7 +281,7 @@ register_arch(
         ),
         tied=lambda config: {"lm_head.weight": "transformer.wte.weight"},
         shape_keys=("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias"),
-        fixed_keys=("scale_attn_by_inverse_layer_idx", "activation"),
+        fixed_keys=("scale_attn_by_inverse_layer_idx", "activation", "parametrization", "mup_base_width"),
         required_keys=(
             "n_layer",
             "n_head",

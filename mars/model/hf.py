@@ -21,8 +21,12 @@ from mars.model.spec import arch, arch_names, spec_of
 def to_hf(model: nn.Module, attn_implementation: str = "sdpa", tokenizer=None):
     """The transformers model (on the model's device and dtype, same train/eval mode) holding a copy of
     our weights: it shares no storage with ``model``. ``tokenizer``: the transformers tokenizer the
-    model was trained with (its end-of-text token; default GPT-2's)."""
-    inner = unwrap_model(model)
+    model was trained with (its end-of-text token; default GPT-2's). A muP model (mars.model.mup) is
+    exported as the SP model that computes the same function: its attention and output multipliers
+    folded into the weights, which transformers' classes have no place for."""
+    from mars.model.mup import as_sp
+
+    inner = as_sp(unwrap_model(model))
     return spec_of(inner).hf().to_hf(inner, attn_implementation, tokenizer)
 
 

@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mars.checks import above, at_least, multiple_of
+from mars.model import mup
 from mars.model.lm import CausalLM, normal_, token_loss
 from mars.model.spec import ModelSpec, register_arch, roles_by_name
 
@@ -44,6 +45,8 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = True  # lm_head uses the token embedding matrix
+    parametrization: str = "sp"  # sp | mup (mars.model.mup, docs/mup.md)
+    mup_base_width: int | None = None  # mup: the width the hyperparameters were tuned at
 
 
 def kv_heads(c: Any) -> int:
@@ -84,6 +87,20 @@ def validate_config(c: LlamaConfig) -> None:
         )
     above("model.norm_eps", c.norm_eps)
     above("model.rope_theta", c.rope_theta)
+    mup.check(c)
+    if mup.is_mup(c):
+        if c.mlp_hidden is not None:
+            raise ValueError(
+                f"model.mlp_hidden={c.mlp_hidden} is fixed, but under model.parametrization=mup the SwiGLU "
+                "width must grow with n_embd (its matrices are muP's hidden matrices); set "
+                "model.mlp_hidden=null (the 8/3 rule)"
+            )
+        if (c.mup_base_width // c.n_head) % 2:
+            raise ValueError(
+                f"model.mup_base_width={c.mup_base_width} gives the base model an odd head size "
+                f"{c.mup_base_width // c.n_head} (rotary embeddings rotate pairs); choose a multiple of "
+                f"{2 * c.n_head}"
+            )
 
 
 class RMSNorm(nn.Module):
@@ -124,6 +141,8 @@ class Attention(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = c.n_head, kv_heads(c), head_dim(c)
+        # None: SDPA's 1/sqrt(head_dim); muP: sqrt(base head_dim)/head_dim, one number for every block
+        self.scale = mup.attention_scale(c)
         self.q_proj = nn.Linear(c.n_embd, c.n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(c.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(c.n_embd, self.n_kv_head * self.head_dim, bias=False)
@@ -136,7 +155,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # key/value head j serves query heads j * g .. (j + 1) * g - 1 (g = n_head / n_kv_head)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.n_kv_head != self.n_head
+        )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -168,6 +189,7 @@ class Block(nn.Module):
 
 
 RESIDUAL_PROJECTIONS = ("self_attn.o_proj", "mlp.down_proj")
+MUP_KEYS = ("parametrization", "mup_base_width")  # added later: a model.json without them is SP
 
 
 class Llama(CausalLM):
@@ -183,6 +205,7 @@ class Llama(CausalLM):
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.output_mult = mup.output_multiplier(config)  # muP's 1/m on the logits; 1.0 under SP
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.tie_weights()
@@ -206,16 +229,18 @@ class Llama(CausalLM):
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """N(0, 0.02) matrices and embeddings, the residual projections (o_proj, down_proj) at
-        0.02 / sqrt(2 * n_layer), unit RMSNorm gains. Each tensor is drawn whole from ``generator`` in
-        a fixed order, so replicated and sharded (FSDP2) models of one seed are the same model."""
+        0.02 / sqrt(2 * n_layer), unit RMSNorm gains; under muP the block matrices' std divided by
+        sqrt(their fan-in over the base model's) (mars.model.mup). Each tensor is drawn whole from
+        ``generator`` in a fixed order, so replicated and sharded (FSDP2) models of one seed are the same
+        model."""
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        factor = mup.init_factors(self)  # {} under SP
         for name, module in self.named_modules():
             if module is self.lm_head and self.config.tie_embeddings:
                 continue  # the embedding matrix, drawn once as an Embedding
             if isinstance(module, nn.Linear):
-                normal_(
-                    module.weight, residual_std if name.endswith(RESIDUAL_PROJECTIONS) else 0.02, generator
-                )
+                std = residual_std if name.endswith(RESIDUAL_PROJECTIONS) else 0.02
+                normal_(module.weight, std * factor.get(f"{name}.weight", 1.0), generator)
             elif isinstance(module, nn.Embedding):
                 normal_(module.weight, 0.02, generator)
             elif isinstance(module, RMSNorm):
@@ -245,8 +270,18 @@ class Llama(CausalLM):
         x = self.model.embed_tokens(idx)
         for block in self.model.layers:
             x = block(x, cos, sin)
-        logits = self.lm_head(self.model.norm(x))
+        x = self.model.norm(x)
+        if self.output_mult != 1.0:  # muP: logits x 1/m, applied to the n_embd-wide input of the head
+            x = x * self.output_mult
+        logits = self.lm_head(x)
         return logits, None if targets is None else token_loss(logits, targets)
+
+    def fold_multipliers(self, state: dict, attn: float, out: float) -> None:
+        """mars.model.mup.as_sp: fold the attention factor into q_proj (rotary embeddings are linear in q),
+        the output multiplier into the final RMSNorm's gain, in a state dict of this model."""
+        for i in range(self.config.n_layer):
+            state[f"model.layers.{i}.self_attn.q_proj.weight"] *= attn
+        state["model.norm.weight"] *= out
 
 
 # ----------------------------------------------------------------------------- counts and FLOPs
@@ -302,8 +337,8 @@ register_arch(
             "multiple_of",
             "tie_embeddings",
         ),  # fmt: skip
-        fixed_keys=("norm_eps", "rope_theta"),
-        required_keys=tuple(f for f in LlamaConfig.__dataclass_fields__ if f != "arch"),
+        fixed_keys=("norm_eps", "rope_theta", "parametrization", "mup_base_width"),
+        required_keys=tuple(f for f in LlamaConfig.__dataclass_fields__ if f not in ("arch", *MUP_KEYS)),
         validate=validate_config,
         sizes=LLAMA_SIZES,
         hf_adapter="mars.model.hf_llama",

@@ -10,6 +10,7 @@ from mars import checks
 
 from ._contract import named_tensor
 from .config import OptimizerConfig, each
+from .mup import ELEMENTWISE
 from .registry import register
 
 
@@ -46,4 +47,4 @@ def adamw(params, *, lr, betas, eps, weight_decay, fused) -> torch.optim.AdamW:
     return opt
 
 
-register("adamw", AdamWConfig, adamw, grouping="decay")
+register("adamw", AdamWConfig, adamw, grouping="decay", mup=ELEMENTWISE)

@@ -13,6 +13,7 @@ from ._contract import TorchContract
 from ._dist import local
 from ._step import BucketedStep, group_value
 from .config import OptimizerConfig, each
+from .mup import ELEMENTWISE
 from .registry import register
 
 # The values Lion takes: its constructor and its config check them (mars.optim.config).
@@ -84,4 +85,4 @@ class LionConfig(OptimizerConfig):
     value_checks = VALUE_CHECKS
 
 
-register("lion", LionConfig, Lion, grouping="decay")
+register("lion", LionConfig, Lion, grouping="decay", mup=ELEMENTWISE)

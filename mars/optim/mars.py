@@ -14,6 +14,7 @@ from ._correction import CorrectionMixin
 from ._dist import DistributedOptimizer, local
 from ._step import BucketedStep, group_value
 from .config import GammaScheduleConfig, OptimizerConfig, each, reference_names
+from .mup import ELEMENTWISE, NO_SHAMPOO
 from .registry import register
 
 MARS_TYPES = ("mars-adamw", "mars-lion", "mars-shampoo")
@@ -331,4 +332,5 @@ for _name, _config in (
         grouping="decay",
         trainer_keys=("gamma_schedule",),
         fixed={"mars_type": _name.replace("_", "-")},
+        mup=NO_SHAMPOO if _name == "mars_shampoo" else ELEMENTWISE,
     )

@@ -11,6 +11,7 @@ from ._correction import CorrectionMixin
 from ._step import group_value
 from .config import GammaScheduleConfig, OptimizerConfig, each, reference_names
 from .muon import MATRIX, VALUE_CHECKS, MatrixOptimizer
+from .mup import MATRIX_MOONLIGHT
 from .registry import register
 
 # What the lean variant (lean=true), the unclipped approximate MARS-M with one buffer, refuses:
@@ -195,4 +196,6 @@ class MARSMConfig(OptimizerConfig):
     value_checks = MARS_M_CHECKS
 
 
-register("mars_m", MARSMConfig, MARSM, grouping="matrix", trainer_keys=("gamma_schedule",))
+register(
+    "mars_m", MARSMConfig, MARSM, grouping="matrix", trainer_keys=("gamma_schedule",), mup=MATRIX_MOONLIGHT
+)

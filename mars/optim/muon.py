@@ -14,6 +14,7 @@ from ._contract import TorchContract, named_tensor
 from ._dist import DistributedOptimizer
 from ._step import BucketedStep, group_value
 from .config import OptimizerConfig, each, reference_names
+from .mup import MATRIX_MOONLIGHT, MATRIX_REFERENCE
 from .registry import register
 
 MATRIX, ADAMW = "matrix", "adamw"
@@ -306,5 +307,5 @@ class MoonlightConfig(OptimizerConfig):
     value_checks = VALUE_CHECKS
 
 
-register("muon", MuonConfig, Muon, grouping="matrix")
-register("moonlight", MoonlightConfig, Moonlight, grouping="matrix")
+register("muon", MuonConfig, Muon, grouping="matrix", mup=MATRIX_REFERENCE)
+register("moonlight", MoonlightConfig, Moonlight, grouping="matrix", mup=MATRIX_MOONLIGHT)

@@ -25,6 +25,8 @@ from types import MappingProxyType
 
 from .config import GammaScheduleConfig
 from .groups import GROUPINGS, grouped
+from .mup import resolve as resolve_mup
+from .mup import split as split_mup
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Registered:
     grouping: str  # "decay": weight decay on matrices | "matrix": hidden matrices vs the rest (Muon family)
     trainer_keys: tuple[str, ...] = ()  # keys the trainer drives (e.g. gamma_schedule), not the optimizer
     fixed: Mapping = field(default_factory=dict)  # constructor keywords this name fixes (MARS's mars_type)
+    mup: Callable | str | None = None  # its muP lr rule (mars.optim.mup); a str (why) or None: refused
 
     def keywords(self, config) -> dict:
         """The constructor keywords of a config instance (lists become tuples, as betas are)."""
@@ -42,12 +45,20 @@ class Registered:
         values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in skip}
         return {**self.fixed, **{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}}
 
+    def groups(self, model, weight_decay: float | None = None) -> list[dict]:
+        """The reference grouping of `model` for this optimizer; a muP model's split by its muP multipliers
+        (each group's lr_mult and wd_mult: mars.optim.mup)."""
+        groups = grouped(model, self.grouping, weight_decay, name=self.name)
+        return split_mup(model, groups, self.mup, self.name)
+
     def build(self, model, config, process_group=None):
-        """The optimizer of a (validated) config instance over `model`, with the reference grouping."""
+        """The optimizer of a (validated) config instance over `model`, with the reference grouping (and a
+        muP model's multipliers, applied to the config's lr and weight decay)."""
         keywords = self.keywords(config)
         if "process_group" in inspect.signature(self.optimizer).parameters:
             keywords["process_group"] = process_group
-        return self.optimizer(grouped(model, self.grouping, name=self.name), **keywords)
+        groups = resolve_mup(self.groups(model), keywords.get("lr"), keywords.get("weight_decay"))
+        return self.optimizer(groups, **keywords)
 
 
 _REGISTRY: dict[str, Registered] = {}
@@ -61,12 +72,14 @@ def register(
     grouping: str,
     trainer_keys: tuple[str, ...] = (),
     fixed: Mapping | None = None,
+    mup: Callable | str | None = None,
 ) -> None:
     """Register `optimizer` under `name` with its config dataclass.
 
     optimizer: a class (or a function returning an optimizer) called as optimizer(param_groups,
     **fixed, **the config's fields but `name` and `trainer_keys`), so every such field must be one of
-    its keywords."""
+    its keywords. mup: its rule for muP models (mars.optim.mup: ELEMENTWISE for an Adam- or sign-type
+    update, ...); without one (or with a str: why there is none), a muP model is refused with it."""
     if grouping not in GROUPINGS:
         raise ValueError(f"register({name!r}): grouping={grouping!r} must be one of {GROUPINGS}")
     if name in _REGISTRY:  # a plugin cannot replace a built-in: refused unless the same module's again
@@ -93,7 +106,7 @@ def register(
             f"{', '.join(missing)}: the fields of {config.__name__} must be its keywords (or trainer_keys)"
         )
     _REGISTRY[name] = Registered(
-        name, config, optimizer, grouping, tuple(trainer_keys), MappingProxyType(dict(fixed or {}))
+        name, config, optimizer, grouping, tuple(trainer_keys), MappingProxyType(dict(fixed or {})), mup
     )
 
 
@@ -155,5 +168,6 @@ def param_groups(model, optimizer_name: str, weight_decay: float | None = None) 
     """The reference's param groups of `model` for the registered optimizer `optimizer_name`
     (mars.optim.groups; trainable parameters only). weight_decay sets the decay group's value for the
     "decay" grouping (adamw, lion, the MARS types; otherwise the optimizer's default applies); the
-    matrix optimizers take theirs from the constructor."""
-    return grouped(model, registered(optimizer_name).grouping, weight_decay, name=optimizer_name)
+    matrix optimizers take theirs from the constructor. A muP model's groups carry their multipliers
+    (lr_mult, wd_mult): mars.optim.mup.resolve(groups, lr, weight_decay) applies them."""
+    return registered(optimizer_name).groups(model, weight_decay)

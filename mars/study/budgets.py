@@ -227,6 +227,22 @@ def expand_plan(plan: list[dict], sizes: list[Size]) -> list[dict]:
     return out
 
 
+def expand_plans(parts: list[tuple[list[dict], Size]]) -> list[dict]:
+    """expand_plan for each (plan, size) in turn, each size with its own plan (study.tune: its own
+    optimum), the branches' trunk indices into the whole list."""
+    out: list[dict] = []
+    for plan, size in parts:
+        entries = expand_plan(plan, [size])
+        for e in entries:
+            if "trunk" in e:
+                e["trunk"] += len(out)
+        out += entries
+    first = parts[0][1].name if parts else None
+    for e in out:
+        e["headline"] = e["role"] == TRUNK and e["size"] == first
+    return out
+
+
 def entry_dir(study_dir: Path, arm: str, entry: dict) -> Path:
     from mars.study.trials import final_dir
 

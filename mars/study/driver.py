@@ -69,6 +69,7 @@ from mars.study.trials import (
     search_dir,
     trial_overrides,
 )
+from mars.study.tuning import Scope, finals_scope, scopes_of, tuned
 
 MAX_ATTEMPTS = 3  # a trial preempted (SIGTERM from outside) is continued this many times
 POLL_S = 0.2
@@ -80,12 +81,26 @@ class Interrupted(Exception):
 
 @dataclass
 class ArmState:
-    """Where an arm stands, as the storage says."""
+    """Where an arm stands, as the storage says: its rounds and search trials in each scope (the sizes it
+    searches at: mars.study.tuning), its finals."""
 
-    rounds: list[Round]
-    search: list[TrialRecord]
+    searches: dict[str, tuple[list[Round], list[TrialRecord]]]  # scope name -> (rounds, trials)
     final: list[TrialRecord]
     plan: list[dict] | None  # the finals' plan, once the search is over
+
+    @property
+    def rounds(self) -> list[Round]:
+        """The first scope's rounds (the only scope without study.tune)."""
+        return next(iter(self.searches.values()))[0] if self.searches else []
+
+    @property
+    def search(self) -> list[TrialRecord]:
+        """The first scope's search trials."""
+        return next(iter(self.searches.values()))[1] if self.searches else []
+
+    @property
+    def all_search(self) -> list[TrialRecord]:
+        return [t for _, trials in self.searches.values() for t in trials]
 
 
 class Driver:
@@ -125,12 +140,22 @@ class Driver:
         self.storage = open_storage(s.storage, create=False)  # a new SQLite file is made by run() alone
         check_storage_spec(s, self.storage)
         check_dirs(
-            s, lambda: [t for arm in s.arms for st in [self.arm_state(arm)] for t in st.search + st.final]
+            s,
+            lambda: [t for arm in s.arms for st in [self.arm_state(arm)] for t in st.all_search + st.final],
         )
         if self.launcher is None:
             self.launcher = make_launcher(s)
         if data or check_data:
             prepare_data(list(self.configs.values()), write=data)
+
+    def scopes(self, arm: Arm) -> list[Scope]:
+        """Where `arm` searches (mars.study.tuning): every size of study.tune.trials, or the first size."""
+        if not arm.space:
+            return scopes_of({**self.study.spec, "tune": {}}, self.sizes)
+        return scopes_of(self.study.spec, self.sizes)
+
+    def _scope(self, arm: Arm, name: str) -> Scope:
+        return next(z for z in self.scopes(arm) if z.name == name)
 
     def _check_sizes(self) -> list[ladder.Size]:
         """Every arm's sizes, which must agree (the same budgets in steps and fork points: the arms pair)."""
@@ -157,6 +182,15 @@ class Driver:
         if self.sizes:  # every arm's finalists and seeds, at every size
             runs = sum(finalists(self.study, arm) for arm in self.study.arms) * len(self.study.seeds)
             lines += ladder.budget_lines(self.sizes, 1, runs)
+        if tuned(self.study.spec):
+            for arm in self.study.arms:
+                scopes = [z for z in self.scopes(arm) if z.name]
+                if scopes:
+                    each = ", ".join(f"{z.name}: {z.trials}" for z in scopes)
+                    lines.append(
+                        f"{arm.name}: with study.tune the search runs at each size instead, trials {each} = "
+                        f"{sum(z.trials for z in scopes)} runs (the line above counts study.trials)"
+                    )
         return lines
 
     # ------------------------------------------------------------------ the storage's view
@@ -196,19 +230,33 @@ class Driver:
         return name in self._names
 
     def arm_state(self, arm: Arm, create: bool = False) -> ArmState:
-        """The arm's rounds, search trials, finals and plan. create=True (under the ask lock only) makes
-        round 0 and completes a round whose driver died while making it."""
+        """The arm's rounds and search trials in each scope, its finals and plan. create=True (under the ask
+        lock only) makes round 0 of each scope and completes a round whose driver died while making it."""
+        searches = {z.name: self._scope_state(arm, z, create) for z in self.scopes(arm)}
+        final: list[TrialRecord] = []
+        plan = None
+        fname = study_name(self.study.name, arm.name, "final")
+        if self._exists(fname):
+            st = self._optuna_study(fname)
+            plan = st.user_attrs.get("plan")
+            final = records_of(st, arm.name, "final", root=self.study.dir)
+        return ArmState(searches, final, plan)
+
+    def _first_round(self, arm: Arm, scope: Scope) -> Round:
+        trials = arm.trials if scope.trials is None else scope.trials
+        return Round(0, dict(arm.space), dict(arm.space), trials, 0)
+
+    def _scope_state(self, arm: Arm, scope: Scope, create: bool) -> tuple[list[Round], list[TrialRecord]]:
         import optuna
 
-        name = self.study.name
         rounds: list[Round] = []
         search: list[TrialRecord] = []
         while True:
             r = len(rounds)
-            sname = study_name(name, arm.name, "search", r)
+            sname = study_name(self.study.name, scope.key(arm.name), "search", r)
             if not self._exists(sname):
                 if r == 0 and create:
-                    first = Round(0, dict(arm.space), dict(arm.space), arm.trials, 0)
+                    first = self._first_round(arm, scope)
                     self._optuna_study(sname, first, round_attrs(first))
                     continue
                 break
@@ -216,23 +264,18 @@ class Driver:
             if "space" not in raw.user_attrs:  # its driver died between creating it and describing it
                 if not create:
                     break
-                rnd = Round(0, dict(arm.space), dict(arm.space), arm.trials, 0) if r == 0 else None
+                rnd = self._first_round(arm, scope) if r == 0 else None
                 if rnd is None:
-                    rnd = self._next_round(arm, ArmState(rounds, search, [], None), quiet=True)
+                    rnd = self._next_round(arm, scope, rounds, search, quiet=True)
                 for k, v in round_attrs(rnd).items():
                     raw.set_user_attr(k, v)
             rnd = round_from_attrs(raw.user_attrs)
             st = self._optuna_study(sname, rnd)
             rounds.append(rnd)
-            search += records_of(st, arm.name, "search", rnd.number, rnd.offset, self.study.dir)
-        final: list[TrialRecord] = []
-        plan = None
-        fname = study_name(name, arm.name, "final")
-        if self._exists(fname):
-            st = self._optuna_study(fname)
-            plan = st.user_attrs.get("plan")
-            final = records_of(st, arm.name, "final", root=self.study.dir)
-        return ArmState(rounds, search, final, plan)
+            search += _in_scope(
+                records_of(st, arm.name, "search", rnd.number, rnd.offset, self.study.dir), scope
+            )
+        return rounds, search
 
     def _set_attrs(self, st, number: int, attrs: dict) -> None:
         """User attrs of trial `number` of optuna study `st` (through the storage: the trial may be
@@ -265,23 +308,31 @@ class Driver:
 
     def _next_for_arm(self, arm: Arm) -> Job | None:
         state = self.arm_state(arm, create=True)
-        for t in state.search + state.final:  # 1. orphans
+        for t in state.all_search + state.final:  # 1. orphans
             if t.state == "RUNNING" and not self.lock.alive(t.attrs.get("driver")):
                 return self._adopt(arm, state, t)
-        current = state.rounds[-1]
-        in_round = [t for t in state.search if t.round == current.number and t.state != "FAIL"]
-        if len(in_round) < current.trials:  # 2. a new search trial
-            return self._ask_search(arm, current)
-        if any(t.state == "RUNNING" for t in state.search):
-            return None  # the round is still running (here or in another driver)
-        if state.plan is None:  # 3. the round is done: widen, or plan the finals
-            nxt = self._next_round(arm, state)
-            if nxt is not None:
-                self._optuna_study(
-                    study_name(self.study.name, arm.name, "search", nxt.number), nxt, round_attrs(nxt)
-                )
-                return self._ask_search(arm, nxt)
-            state.plan = self._plan_finals(arm, state)
+        if state.plan is None:
+            waiting = False
+            for scope in self.scopes(arm):
+                rounds, search = state.searches[scope.name]
+                current = rounds[-1]
+                in_round = [t for t in search if t.round == current.number and t.state != "FAIL"]
+                if len(in_round) < current.trials:  # 2. a new search trial
+                    return self._ask_search(arm, scope, current)
+                if any(t.state == "RUNNING" for t in search):
+                    waiting = True  # the round is still running (here or in another driver)
+                    continue
+                nxt = self._next_round(arm, scope, rounds, search)  # 3. the round is done: widen it?
+                if nxt is not None:
+                    self._optuna_study(
+                        study_name(self.study.name, scope.key(arm.name), "search", nxt.number),
+                        nxt,
+                        round_attrs(nxt),
+                    )
+                    return self._ask_search(arm, scope, nxt)
+            if waiting:
+                return None
+            state.plan = self._plan_finals(arm, state)  # every scope's search is done: plan the finals
         while len(state.final) < len(state.plan):
             entry = state.plan[len(state.final)]
             if entry.get("role") == ladder.BRANCH:
@@ -322,9 +373,11 @@ class Driver:
         """Take over an orphaned trial: finish what its driver wrote of it (a driver killed while asking
         leaves a trial without all its values or attrs) and rerun it in its own dir."""
         if t.phase == "search":
-            rnd = state.rounds[t.round]
-            st = self._optuna_study(study_name(self.study.name, arm.name, "search", rnd.number), rnd)
-            t = self._fill_search(arm, st, rnd, t.number)
+            scope = self._scope(arm, t.attrs["scope"])
+            rnd = state.searches[scope.name][0][t.round]
+            name = study_name(self.study.name, scope.key(arm.name), "search", rnd.number)
+            st = self._optuna_study(name, rnd)
+            t = self._fill_search(arm, scope, st, rnd, t.number)
         else:
             st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
             t = self._fill_final(arm, st, state.plan, t.number)
@@ -332,12 +385,12 @@ class Driver:
         self.say(f"{job.label}: its driver stopped; rerunning it in its own dir with train.resume=auto")
         return job
 
-    def _ask_search(self, arm: Arm, rnd: Round) -> Job:
-        st = self._optuna_study(study_name(self.study.name, arm.name, "search", rnd.number), rnd)
+    def _ask_search(self, arm: Arm, scope: Scope, rnd: Round) -> Job:
+        st = self._optuna_study(study_name(self.study.name, scope.key(arm.name), "search", rnd.number), rnd)
         trial = st.ask()
-        return self._job(arm, self._fill_search(arm, st, rnd, trial.number, trial), st, fresh=True)
+        return self._job(arm, self._fill_search(arm, scope, st, rnd, trial.number, trial), st, fresh=True)
 
-    def _fill_search(self, arm: Arm, st, rnd: Round, number: int, trial=None) -> TrialRecord:
+    def _fill_search(self, arm: Arm, scope: Scope, st, rnd: Round, number: int, trial=None) -> TrialRecord:
         """Trial `number`'s values (drawn by the round's sampler, which the trial's number decides; any
         already stored stay), its run dir and this driver as its owner."""
         import optuna
@@ -346,9 +399,9 @@ class Driver:
             study_id = self.storage.get_study_id_from_name(st.study_name)
             trial = optuna.Trial(st, self.storage.get_trial_id_from_study_id_trial_number(study_id, number))
         draw(trial, rnd.sample)
-        run_dir = search_dir(self.study.dir, arm.name, rnd.offset + number)
+        run_dir = search_dir(self.study.dir, arm.name, rnd.offset + number, scope.name)
         self._set_attrs(st, number, {"driver": self.lock.id, "dir": str(run_dir)})
-        return records_of_one(st, number, arm.name, rnd, self.study.dir)
+        return _in_scope([records_of_one(st, number, arm.name, rnd, self.study.dir)], scope)[0]
 
     def _ask_final(self, arm: Arm, plan: list[dict], i: int) -> Job:
         st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
@@ -381,9 +434,10 @@ class Driver:
         s = self.study
         extra: list[str] = []
         if t.phase == "search":
-            run_dir, seed = search_dir(s.dir, arm.name, t.index), int(s.spec["search_seed"])
-            tag = f"search/{arm.name}/{t.index:03d}"
-            extra = list(self.sizes[0].overrides) if self.sizes else []  # the search runs at the first size
+            scope = self._scope(arm, t.attrs["scope"])
+            run_dir, seed = search_dir(s.dir, arm.name, t.index, scope.name), int(s.spec["search_seed"])
+            tag = f"search/{arm.name}/{f'{scope.name}/' if scope.name else ''}{t.index:03d}"
+            extra = list(scope.overrides)  # its size (and budget); without study.tune, the first size
         else:
             rank, seed = int(t.attrs["rank"]), int(t.attrs["seed"])
             run_dir = Path(t.attrs["dir"]) if "role" in t.attrs else final_dir(s.dir, arm.name, rank, seed)
@@ -398,12 +452,14 @@ class Driver:
         label = f"{arm.name} {t.phase} {run_dir.name}"
         return Job(run_dir, overrides, resume=not fresh, label=label, trial=t, study=st)
 
-    def _next_round(self, arm: Arm, state: ArmState, quiet: bool = False) -> Round | None:
+    def _next_round(
+        self, arm: Arm, scope: Scope, rounds: list[Round], search: list[TrialRecord], quiet: bool = False
+    ) -> Round | None:
         ext = self.study.spec["auto_extend"]
-        current = state.rounds[-1]
+        current = rounds[-1]
         if current.number >= ext["rounds"]:
             return None
-        edges = self.edges(arm, state)
+        edges = self.edges(arm, ArmState({scope.name: (rounds, search)}, [], None), scope)
         if not edges:
             return None
         nxt, _ = widen(current, edges, int(ext["trials"]), lambda k, v: self.refuses(arm, k, v))
@@ -412,13 +468,16 @@ class Driver:
                 self.say(f"edge: {note} ({ext['trials']} more trials)")
         return nxt
 
-    def edges(self, arm: Arm, state: ArmState):
+    def edges(self, arm: Arm, state: ArmState, scope: Scope | None = None):
+        """The edges of an arm's search in one scope (default: the first)."""
+        rounds, search = state.searches[scope.name] if scope is not None else (state.rounds, state.search)
+        where = arm.name if scope is None or not scope.name else f"{arm.name} at {scope.name}"
         return edges_of(
-            state.rounds[-1].space,
-            points_of(state.search),
+            rounds[-1].space,
+            points_of(search),
             self.metric.higher_is_better,
             self.study.spec["edges"]["tolerance"],
-            arm.name,
+            where,
         )
 
     def refuses(self, arm: Arm, key: str, value) -> str | None:
@@ -430,17 +489,21 @@ class Driver:
     def _plan_finals(self, arm: Arm, state: ArmState) -> list[dict]:
         from mars.study.finals import plan_finals
 
+        spec = self.study.spec
+
+        def plan_of(search):
+            return plan_finals(search, spec["final"]["top_k"], self.study.seeds, self.metric.higher_is_better)
+
         if arm.space:
-            plan = plan_finals(
-                state.search,
-                self.study.spec["final"]["top_k"],
-                self.study.seeds,
-                self.metric.higher_is_better,
-            )
+            plan = plan_of(state.search)
         else:  # nothing searched: the arm's fixed config, with every seed
             plan = [{"rank": 1, "seed": int(seed), "params": {}, "source": None, "search_value": None}
                     for seed in self.study.seeds]  # fmt: skip
-        if self.sizes:
+        if self.sizes and arm.space and tuned(spec):  # each size's finals at its scope's optimum
+            scopes = self.scopes(arm)
+            own = {z.name: state.searches[finals_scope(spec, scopes, z.name).name][1] for z in self.sizes}
+            plan = ladder.expand_plans([(plan_of(own[z.name]), z) for z in self.sizes])
+        elif self.sizes:
             plan = ladder.expand_plan(plan, self.sizes)
         self._optuna_study(study_name(self.study.name, arm.name, "final"), attrs={"plan": plan})
         if not plan:
@@ -568,9 +631,16 @@ class Driver:
             state = self.arm_state(arm)
             if state.plan is None or len(state.final) < len(state.plan):
                 return False
-            if any(t.state == "RUNNING" for t in state.final + state.search):
+            if any(t.state == "RUNNING" for t in state.final + state.all_search):
                 return False
         return True
+
+
+def _in_scope(records: list[TrialRecord], scope: Scope) -> list[TrialRecord]:
+    """Search records marked with their scope's name (attrs["scope"])."""
+    for t in records:
+        t.attrs["scope"] = scope.name
+    return records
 
 
 def records_of_one(st, number: int, arm: str, rnd: Round, root: Path) -> TrialRecord:

@@ -59,8 +59,8 @@ def check_dirs(study: Study, read_trials) -> None:
 
     runs = [
         d
-        for phase in ("search", "final")
-        for d in sorted((study.dir / phase).glob("*/*"))
+        for pattern in ("search/*/*", "search/*/*/*", "final/*/*")  # search/ARM/SCOPE/NNN: study.tune
+        for d in sorted(study.dir.glob(pattern))
         if d.is_dir() and holds_a_run(d)
     ]
     known = {t.dir.resolve(): t for t in read_trials() if t.dir is not None}

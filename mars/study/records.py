@@ -86,12 +86,20 @@ def study_name(name: str, arm: str, phase: str, round_number: int = 0) -> str:
     return f"{name}/{arm}/{SEARCH_PREFIX}{round_number}" if phase == "search" else f"{name}/{arm}/final"
 
 
+def relocated(path: Path, root: Path) -> Path:
+    """A trial's recorded run dir (STUDY/search/ARM[/SCOPE]/NNN or STUDY/final/ARM/NAME) under the study
+    dir `root` as it is now."""
+    parts = path.parts
+    start = max((i for i, part in enumerate(parts) if part in ("search", "final")), default=len(parts) - 3)
+    return root.joinpath(*parts[start:])
+
+
 def records_of(
     optuna_study, arm: str, phase: str, round_number: int = -1, offset: int = 0, root: Path | None = None
 ) -> list[TrialRecord]:
-    """The trials of one optuna study. root: the study dir now; a trial's recorded dirs (STUDY/PHASE/
-    ARM/NAME, written as absolute paths) are read under it, so a study dir that was moved or copied
-    elsewhere finds its trials' run dirs."""
+    """The trials of one optuna study. root: the study dir now; a trial's recorded dirs (written as
+    absolute paths) are read under it (relocated), so a study dir that was moved or copied elsewhere
+    finds its trials' run dirs."""
     out = []
     for t in optuna_study.get_trials(deepcopy=False):
         if phase == "search":
@@ -104,6 +112,6 @@ def records_of(
         attrs = {**t.user_attrs, **t.user_attrs.get("result", {})}  # the driver stores a result in one attr
         for key in ("dir", "trunk_dir"):
             if root is not None and attrs.get(key):
-                attrs[key] = str(Path(root, *Path(attrs[key]).parts[-3:]))
+                attrs[key] = str(relocated(Path(attrs[key]), Path(root)))
         out.append(TrialRecord(arm, phase, round_number, t.number, index, params, t.state.name, value, attrs))
     return out

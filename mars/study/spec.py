@@ -34,6 +34,9 @@ refuses every value that cannot work, one line each, naming the key and the fix:
                   model.block_size)
     sizes         NAME: [model overrides]: the finals (and budgets) per model size, shape overrides only;
                   the search runs at the first; {} (the default): the base's model
+    tune          trials: {SIZE: N}: a search at each size named, N trials per arm (mars.study.tuning);
+                  finals (own / first: each size's optimum or the first size's), holdout (the size
+                  the report predicts and checks), budgets (true: search at every budget too)
     launcher      name (local / submitit), n_jobs (trials at a time), gpus_per_job (local: GPUs of
                   its own per trial, as launch.gpus_per_job), command (what runs a trial; default
                   python -m mars.train), submitit (the executor's parameters: cluster, timeout_min,
@@ -108,6 +111,14 @@ class LauncherSpec:
 
 
 @dataclass
+class TuneSpec:
+    trials: dict[str, int] = field(default_factory=dict)
+    finals: str = "own"
+    holdout: str | None = None
+    budgets: bool = False
+
+
+@dataclass
 class StudySpec:
     name: str = MISSING
     dir: str | None = None
@@ -126,6 +137,7 @@ class StudySpec:
     budgets: list[int] = field(default_factory=list)
     budget_unit: str = "steps"
     sizes: dict[str, list[str]] = field(default_factory=dict)
+    tune: TuneSpec = field(default_factory=TuneSpec)
 
 
 PRIMARY = "mars_study"
@@ -223,7 +235,7 @@ def _with_keys(message: str) -> str:
 
     m = re.search(r"Key '[^']+' not in '(\w+Spec)'", message)
     schemas = {c.__name__: c for c in (StudySpec, ArmSpec, SamplerSpec, MetricSpec, EdgeSpec, ExtendSpec,
-                                       FinalSpec, LauncherSpec)}  # fmt: skip
+                                       FinalSpec, LauncherSpec, TuneSpec)}  # fmt: skip
     if m is None or m.group(1) not in schemas:
         return message
     return f"{message}; its keys: {', '.join(f.name for f in dataclasses.fields(schemas[m.group(1)]))}"
@@ -352,6 +364,9 @@ def check_spec(spec: dict) -> Study:
     from mars.study.budgets import check_budget_spec
 
     check_budget_spec(spec)
+    from mars.study.tuning import check_tune_spec
+
+    check_tune_spec(spec)
     launcher = spec["launcher"]
     if launcher["name"] not in LAUNCHERS:
         raise StudyError(f"study.launcher.name={launcher['name']!r} is not one of {', '.join(LAUNCHERS)}")
@@ -400,5 +415,9 @@ def _check_command(launcher: dict) -> None:
 
 
 def identity(spec: dict) -> dict:
-    """The part of a spec that decides what the study finds (everything but OPERATIONAL keys)."""
-    return {k: v for k, v in spec.items() if k not in OPERATIONAL}
+    """The part of a spec that decides what the study finds (everything but OPERATIONAL keys; `tune` at
+    its default counts as absent, as in the specs written before it existed)."""
+    out = {k: v for k, v in spec.items() if k not in OPERATIONAL}
+    if out.get("tune") == {"trials": {}, "finals": "own", "holdout": None, "budgets": False}:
+        del out["tune"]
+    return out

@@ -3,6 +3,7 @@
 Every trial is an ordinary run of train.py in a run dir of its own under the study dir:
 
     STUDY_DIR/search/ARM/NNN/              search trials, NNN counting the arm's trials over its rounds
+    STUDY_DIR/search/ARM/SIZE/NNN/         with study.tune: the search at each size (mars.study.tuning)
     STUDY_DIR/final/ARM/topK-seedS/        the finals: the arm's K-th best config with train.seed=S
 
 so report.py, plot_curves.py and W&B (group = the study's name) see each like any run. Its overrides
@@ -43,8 +44,11 @@ class Job:
         return [*self.overrides, *(["train.resume=auto"] if self.resume else [])]
 
 
-def search_dir(study_dir: Path, arm: str, index: int) -> Path:
-    return Path(study_dir) / SEARCH / arm / f"{index:03d}"
+def search_dir(study_dir: Path, arm: str, index: int, scope: str = "") -> Path:
+    """STUDY_DIR/search/ARM/NNN, or STUDY_DIR/search/ARM/SCOPE/NNN for a search at one size of several
+    (mars.study.tuning)."""
+    arm_dir = Path(study_dir) / SEARCH / arm
+    return (arm_dir / scope if scope else arm_dir) / f"{index:03d}"
 
 
 def final_dir(study_dir: Path, arm: str, rank: int, seed: int) -> Path:

@@ -463,3 +463,10 @@ def _check_optimizer(cfg: Any) -> None:
             opt.validate()
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
+    model = get(cfg, "model")
+    mup = model.get("parametrization") if hasattr(model, "get") else getattr(model, "parametrization", None)
+    if mup == "mup":  # the optimizer has a muP rule (mars.optim.mup)
+        from mars.optim.mup import refusal
+
+        if refusal(opt.name):
+            raise ConfigError(refusal(opt.name))

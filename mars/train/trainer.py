@@ -628,6 +628,7 @@ class Trainer:
         """One optimizer step at self.state.step, with nothing read from the device: a step whose gradient
         norm is not finite changes nothing (found_inf); its norm waits for the next read point (settle)."""
         from mars.optim import set_gamma, set_lr_factor
+        from mars.optim.mup import base_lr
 
         s = self.state
         t0 = time.perf_counter()
@@ -645,7 +646,7 @@ class Trainer:
         s.step += 1
         self._unread.append((s.step, norm.detach()))
         self.window.add(loss_sum, norm)
-        lr = float(self.optimizer.param_groups[0]["lr"])
+        lr = base_lr(self.optimizer.param_groups[0])  # the schedule's lr (a muP group's over its multiplier)
         stop = self._agree_stop()
         if timed:  # a step that compiled code is left out of the times (mars.train.step_time)
             seconds = time.perf_counter() - t0

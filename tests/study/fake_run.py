@@ -8,7 +8,9 @@ A trial diverges (outcome "diverged", exit status 1) when lr > DIVERGE_LR, and f
 (exit status 1, an `error:` line) when its run dir's path contains $FAKE_FAIL. $FAKE_SLEEP seconds of
 "training" (SIGTERM during them: outcome "preempted", exit 0, as the trainer). $FAKE_LEDGER: a file
 that gets one line per run started ("RUN_DIR resume PID" or "RUN_DIR fresh PID"), to count what ran.
-The optimum can be moved with $FAKE_OPT_LR and $FAKE_OPT_GAMMA.
+The optimum can be moved with $FAKE_OPT_LR and $FAKE_OPT_GAMMA, and made a power law of the model's
+width and the run's length (tuning across sizes, mars.study.tuning): the optimal lr is
+    OPT_LR * (n_embd / 32)^-$FAKE_LR_WIDTH_EXPONENT * (max_steps / 4)^-$FAKE_LR_STEPS_EXPONENT  (0, 0 default)
 
 Budgets and sizes (mars.study.budgets): train.max_steps and model.n_embd add a known law,
     + 3 * ((k * max_steps)^-0.5 - 4^-0.5) + 2 * ((n_embd / 32)^-0.5 - 1)
@@ -40,8 +42,15 @@ FAKE_HARDWARE = "1 process x 1 thread of a fake CPU (2 cores)"
 AVERAGE_GAIN = {"adamw": -0.02}  # val/loss_avg - val/loss; +0.01 for any other optimizer
 
 
-def objective(lr: float, gamma: float | None, seed: int, scale: float = 0.0) -> float:
-    opt_lr = float(os.environ.get("FAKE_OPT_LR", OPT_LR))
+def optimal_lr(width: int = 32, steps: int = 4) -> float:
+    """The fake law's optimal lr at a width and a length."""
+    a = float(os.environ.get("FAKE_LR_WIDTH_EXPONENT", 0.0))
+    b = float(os.environ.get("FAKE_LR_STEPS_EXPONENT", 0.0))
+    return float(os.environ.get("FAKE_OPT_LR", OPT_LR)) * (width / 32) ** -a * (steps / 4) ** -b
+
+
+def objective(lr: float, gamma: float | None, seed: int, scale: float = 0.0, opt_lr: float | None = None):
+    opt_lr = optimal_lr() if opt_lr is None else opt_lr
     opt_gamma = float(os.environ.get("FAKE_OPT_GAMMA", OPT_GAMMA))
     loss = 5.0 + 0.1 * math.log(lr / opt_lr) ** 2 + scale
     if gamma is not None:
@@ -121,7 +130,7 @@ def write_run(args: list[str]) -> int:
     k = 1.0 if cfg["optimizer"]["name"] == "adamw" else float(os.environ.get("FAKE_SPEEDUP", 1.0))
     steps, width = int(cfg["train"]["max_steps"]), int(cfg["model"]["n_embd"])
     scale = 3.0 * ((k * steps) ** -0.5 - 4**-0.5) + 2.0 * ((width / 32) ** -0.5 - 1.0)
-    final = objective(lr, gamma, int(cfg["train"]["seed"]), scale)
+    final = objective(lr, gamma, int(cfg["train"]["seed"]), scale, optimal_lr(width, steps))
     for step in cfg["train"].get("ckpt_steps") or []:
         (run_dir / "ckpt" / f"step_{step:08d}").mkdir(parents=True, exist_ok=True)
         (run_dir / "ckpt" / f"step_{step:08d}" / "meta.json").write_text(json.dumps({"healthy": True}))

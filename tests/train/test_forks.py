@@ -25,6 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")
 
 LLAMA = ["model=llama_tiny", "model.n_head=4", "model.n_kv_head=2"]
 WSD = ["schedule=wsd", "schedule.decay_fraction=0.25"]  # warmup 2 (tiny_overrides)
+MUP = ["model.parametrization=mup", "model.mup_base_width=16"]  # width 32: m = 2 (docs/mup.md)
 TIMING = {"time", "train_time", "ms_per_step", "ms_forward_backward", "ms_optimizer", "tokens_per_s", "mfu"}
 TIMING.add("hardware")  # what the seconds were measured on: said again by each run segment
 
@@ -50,7 +51,7 @@ def test_decay_start_is_where_runs_of_every_length_part():
     assert decay_start(100, ScheduleConfig(name="cosine", warmup_steps=10)) == 10
 
 
-@pytest.mark.parametrize("model", [[], LLAMA], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("model", [[], LLAMA, MUP], ids=["gpt2", "llama", "gpt2-mup"])
 def test_a_budget_branch_equals_the_standalone_run_bit_for_bit(data_root, tmp_path, model):
     """A wsd trunk of 12 steps saves at the decay start of an 8-step budget (train.ckpt_steps); the fork
     from there with train.max_steps=8 logs what a standalone 8-step run logs (every train/loss,

@@ -18,7 +18,11 @@ pytestmark = pytest.mark.usefixtures("one_thread", "restore_logging")
 # on top of tiny_overrides' 1 layer, 32 wide, 32 tokens: 4 query heads share 2 key/value heads (of 8)
 LLAMA = ["model=llama_tiny", "model.n_head=4", "model.n_kv_head=2"]
 # optimizer overrides and the largest loss gap allowed between 2 ranks and 1 process
-OPTIMIZERS = {"mars_adamw": (["optimizer=mars_adamw"], 1e-5), "mars_m": (["optimizer=mars_m"], 1e-3)}
+OPTIMIZERS = {
+    "mars_adamw": (["optimizer=mars_adamw"], 1e-5),
+    "mars_m": (["optimizer=mars_m"], 1e-3),
+    "adamw_mup": (["optimizer=adamw", "model.parametrization=mup", "model.mup_base_width=16"], 1e-5),
+}
 
 
 def records(run_dir: Path, key: str) -> dict[int, float]:

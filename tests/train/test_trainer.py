@@ -230,7 +230,13 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(data_root, tmp_pa
 
 
 @pytest.mark.parametrize(
-    "extra", [["optimizer.approx=false"], ["optimizer=adamw"]], ids=["mars_exact", "adamw"]
+    "extra",
+    [
+        ["optimizer.approx=false"],
+        ["optimizer=adamw"],
+        ["optimizer=mars_m", "model.parametrization=mup", "model.mup_base_width=16"],  # groups x multipliers
+    ],
+    ids=["mars_exact", "adamw", "mars_m-mup"],
 )
 def test_resume_from_a_checkpoint_reproduces_the_straight_run(data_root, tmp_path, extra):
     straight = tmp_path / "straight"

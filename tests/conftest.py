@@ -35,9 +35,12 @@ def _seed_everything():
     yield
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def restore_logging():
-    """Hydra configures the root logger (a handler on the test's captured stdout): undo it after."""
+    """Hydra configures the root logger (a handler on the test's captured stdout or stderr): undo it after
+    every test. Left in place, the next test in the same worker logs into that closed capture ("Logging
+    error ... I/O operation on closed file" on its stderr), which fails a one-line-error assertion
+    depending on which tests xdist happened to run before it in that worker."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield

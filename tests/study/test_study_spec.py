@@ -3,6 +3,8 @@ the fix, before any trial runs (nothing launched, no run dir made)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from study_helpers import smoke_spec, study_of
 
@@ -91,9 +93,20 @@ def test_a_bad_spec_stops_in_one_line_before_anything_runs(capsys, tmp_path, arg
     assert not (study_dir / "search").exists()
 
 
-def test_no_spec_or_an_unknown_one_is_named(capsys):
-    from pathlib import Path
+SHIPPED = sorted(p.stem for p in (Path(__file__).parents[2] / "configs" / "study").glob("*.yaml"))
 
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_spec_composes_and_passes_the_spec_check(name):
+    """A schema change must carry the shipped specs with it (ladder_tuned and ladder_mup once kept
+    edges.fraction after the edge rule dropped it, and `study=ladder_tuned` stopped at composition)."""
+    from mars.study.spec import compose_spec
+
+    study = check_spec(compose_spec([f"study={name}"]))
+    assert study.arms and study.baseline in {a.name for a in study.arms}
+
+
+def test_no_spec_or_an_unknown_one_is_named(capsys):
     code, err = run_main(capsys, ["model=llama_tiny"])
     names = ", ".join(
         sorted(p.stem for p in (Path(__file__).parents[2] / "configs" / "study").glob("*.yaml"))

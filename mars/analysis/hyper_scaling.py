@@ -9,18 +9,27 @@ non-embedding parameter count (as the ladder's L(N) in mars.analysis.scaling), D
 trains. Each point is the best trial of a search, so it scatters around the true optimum by about the
 search's resolution; the residuals measure that scatter.
 
-Intervals (95%, mars.analysis.significance.LEVEL) are Student's t with df = points - parameters:
+Each point is known only to its search's resolution: the true optimum lies somewhere between the best
+trial and its nearest sampled neighbours in the key. `resolution` turns that into a standard deviation on
+the log scale (uniform over the half-gaps on either side: width / sqrt(12)), and a fit may take the
+points' root-mean-square of it as a floor on their scatter.
 
-* an exponent: b +- t s sqrt((X'X)^-1_bb), s the residuals' standard deviation. A key *moves with scale*
-  when this interval excludes 0;
-* a prediction at a new point x0 (a size left out of the fit): exp(x0'coef +- t s sqrt(1 + x0'(X'X)^-1 x0)),
+Intervals (95%, mars.analysis.significance.LEVEL) take the residuals' standard deviation s with Student's
+t, df = points - parameters; where the floor is larger (or no degree of freedom is left), the floor with
+the normal quantile (a known scatter):
+
+* an exponent: b +- q s sqrt((X'X)^-1_bb). A key *moves with scale* when this interval excludes 0;
+* a prediction at a new point x0 (a size left out of the fit): exp(x0'coef +- q s sqrt(1 + x0'(X'X)^-1 x0)),
   the interval of a new searched optimum there (the fit's uncertainty plus one search's scatter), which is
   what it is checked against.
 
-Not a bootstrap over sizes: with 3 or 4 sizes a bootstrap resamples 3 or 4 points, many resamples hold
-one size alone (no slope), and its percentile interval is too narrow (mars.analysis.intervals makes the
-same case for seeds). With as many points as parameters (2 sizes for h*(N)) the fit passes through them:
-there is an estimate but no interval, and the functions say so.
+Why the floor: with 3 or 4 sizes the residuals have 1 or 2 degrees of freedom, and searched optima that
+happen to line up give an s far below the search's resolution (and an interval that misses the next
+size's optimum). Not a bootstrap over sizes: with 3 or 4 sizes a bootstrap resamples 3 or 4 points, many
+resamples hold one size alone (no slope), and its percentile interval is too narrow
+(mars.analysis.intervals makes the same case for seeds). Without a floor and with as many points as
+parameters (2 sizes for h*(N)) the fit passes through them: an estimate, no interval, and the functions
+say so.
 
 A fit that cannot be made comes back as a one-line reason (a str), never an exception, so the report
 says it and goes on (as mars.analysis.scaling).
@@ -48,6 +57,7 @@ class Rule:
     xtx_inv: np.ndarray  # (X'X)^-1 of the log design
     s: float  # the residuals' standard deviation on the log scale (nan without degrees of freedom)
     df: int  # points - parameters
+    floor: float = 0.0  # the points' scatter known from the search's resolution (log scale)
 
     @property
     def c(self) -> float:
@@ -61,17 +71,17 @@ class Rule:
         return float(self.coef[1 + self.names.index(name)])
 
     def _half(self, v: np.ndarray, new: float, level: float) -> float | str:
-        """t s sqrt(new + v'(X'X)^-1 v), or why there is no interval."""
-        if self.df < 1:
-            n, p = self.points, len(self.coef)
-            return f"no interval: {n} points for {p} parameters, the fit passes through them"
+        """q s sqrt(new + v'(X'X)^-1 v), or why there is no interval."""
         from scipy import stats
 
-        return (
-            float(stats.t.ppf(0.5 + level / 2, self.df))
-            * self.s
-            * math.sqrt(new + float(v @ self.xtx_inv @ v))
-        )
+        if self.df >= 1 and self.s >= self.floor:
+            q, scale = float(stats.t.ppf(0.5 + level / 2, self.df)), self.s
+        elif self.floor > 0:
+            q, scale = float(stats.norm.ppf(0.5 + level / 2)), self.floor
+        else:
+            n, p = self.points, len(self.coef)
+            return f"no interval: {n} points for {p} parameters, the fit passes through them"
+        return q * scale * math.sqrt(new + float(v @ self.xtx_inv @ v))
 
     def exponent_interval(self, name: str = "N", level: float = LEVEL) -> tuple[float, float] | str:
         v = np.zeros(len(self.coef))
@@ -107,8 +117,9 @@ def _row(x: Sequence[float]) -> np.ndarray:
     return np.array([1.0, *(math.log(float(v)) for v in x)])
 
 
-def fit_rule(points: Sequence[Point], names: Sequence[str] = ("N",)) -> Rule | str:
-    """Least squares of log h* on log x over `points`, or why there is no fit."""
+def fit_rule(points: Sequence[Point], names: Sequence[str] = ("N",), floor: float = 0.0) -> Rule | str:
+    """Least squares of log h* on log x over `points` (`floor`: their known scatter, log scale), or why
+    there is no fit."""
     names = tuple(names)
     pts = [(tuple(float(v) for v in x), float(h)) for x, h in points]
     bad = [h for x, h in pts if not (math.isfinite(h) and h > 0) or any(not (v > 0) for v in x)]
@@ -125,7 +136,31 @@ def fit_rule(points: Sequence[Point], names: Sequence[str] = ("N",)) -> Rule | s
     coef = xtx_inv @ X.T @ y
     df = len(pts) - p
     s = math.sqrt(float(np.sum((y - X @ coef) ** 2)) / df) if df > 0 else math.nan
-    return Rule(names, coef, xtx_inv, s, df)
+    return Rule(names, coef, xtx_inv, s, df, floor)
+
+
+def resolution(best: float, sampled: Sequence[float]) -> float | None:
+    """The standard deviation, on the log scale, of where the optimum lies given the best trial's value
+    `best` and every value the search tried (`sampled`): uniform between the midpoints to its nearest
+    neighbours (the gap on one side doubled where it has none on the other); None without a positive
+    neighbour."""
+    if not best > 0:
+        return None
+    logs = sorted({math.log(v) for v in sampled if v > 0})
+    b = math.log(best)
+    below, above = [b - x for x in logs if x < b], [x - b for x in logs if x > b]
+    gaps = [min(below)] if below else []
+    gaps += [min(above)] if above else []
+    if not gaps:
+        return None
+    width = sum(gaps) / 2 if len(gaps) == 2 else gaps[0]
+    return width / math.sqrt(12)
+
+
+def floor_of(resolutions: Sequence[float | None]) -> float:
+    """The root-mean-square of the points' resolutions (those known), 0 when none is."""
+    known = [r for r in resolutions if r is not None]
+    return math.sqrt(sum(r * r for r in known) / len(known)) if known else 0.0
 
 
 @dataclass

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from mars.analysis.hyper_scaling import check, fit_rule
+from mars.analysis.hyper_scaling import check, fit_rule, floor_of, resolution
 
 SIZES = [1e4, 4e4, 1.6e5, 6.4e5, 2.56e6]  # N, a factor 4 apart
 NOISE = 0.1  # the searched optima's scatter, log scale (about a search's resolution)
@@ -63,6 +63,21 @@ def test_two_sizes_fit_but_give_no_interval():
     assert rule.moves() is None
     assert rule.exponent_interval() == "no interval: 2 points for 2 parameters, the fit passes through them"
     assert check(rule, (SIZES[3],), 1.0).verdict() == "no interval"
+
+
+def test_the_search_resolution_is_a_floor_under_the_scatter():
+    """Optima that line up by luck leave residuals far below the search's resolution: the intervals then
+    take the floor (normal quantile), and 2 sizes get one too."""
+    # a grid of factor-2 steps: the optimum lies within a factor sqrt(2) of the best trial either side
+    assert resolution(1.0, [0.25, 0.5, 1.0, 2.0]) == pytest.approx(math.log(2) / math.sqrt(12))
+    assert resolution(1.0, [1.0, 2.0]) == pytest.approx(math.log(2) / math.sqrt(12))  # one side, doubled
+    assert resolution(1.0, [0.0, 1.0]) is None and floor_of([None, 0.3, 0.4]) == pytest.approx(0.3536, 1e-3)
+    exact = [((n,), n**-0.5) for n in SIZES[:3]]
+    lo, hi = fit_rule(exact, floor=0.2).exponent_interval()
+    sxx = sum((math.log(n) - math.log(SIZES[1])) ** 2 for n in SIZES[:3])
+    assert hi - lo == pytest.approx(2 * 1.959964 * 0.2 / math.sqrt(sxx), rel=1e-5)
+    two = fit_rule(exact[:2], floor=0.2)
+    assert two.df == 0 and check(two, (SIZES[2],), SIZES[2] ** -0.5).inside
 
 
 @pytest.mark.parametrize(

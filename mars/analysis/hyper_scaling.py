@@ -6,13 +6,12 @@ found at each model size (and budget), its exponent's interval, and its predicti
 
 by ordinary least squares on the log scale, one point per searched size (and budget). N is the model's
 non-embedding parameter count (as the ladder's L(N) in mars.analysis.scaling), D the tokens a budget
-trains. Each point is the best trial of a search, so it scatters around the true optimum by about the
-search's resolution; the residuals measure that scatter.
+trains.
 
-Each point is known only to its search's resolution: the true optimum lies somewhere between the best
-trial and its nearest sampled neighbours in the key. `resolution` turns that into a standard deviation on
-the log scale (uniform over the half-gaps on either side: width / sqrt(12)), and a fit may take the
-points' root-mean-square of it as a floor on their scatter.
+Each point is the best trial of a search, known only to the search's resolution: the true optimum lies
+somewhere between the best trial and its nearest sampled neighbours in the key. `resolution` turns that
+into a standard deviation on the log scale (uniform over the half-gaps on either side: width / sqrt(12)),
+and a fit may take the points' root-mean-square of it as a floor on their scatter.
 
 Intervals (95%, mars.analysis.significance.LEVEL) take the residuals' standard deviation s with Student's
 t, df = points - parameters; where the floor is larger (or no degree of freedom is left), the floor with

@@ -10,7 +10,9 @@ Written into STUDY_DIR/report/:
                                                 optimum" where an edge remains; the edges and the rounds
                                                 they added; the budget each arm spent (trials, tokens,
                                                 wall time, the driver's overhead); the best configs;
-                                                the sensitivity table; every diverged or failed trial
+                                                the sensitivity table; every diverged or failed trial;
+                                                with study.tune, each size's optimum and the fitted
+                                                rules h*(N) checked at a held-out size (tuning_section)
     search_ARM.png, sensitivity.png             the figures (mars.study.figures)
 """
 
@@ -47,6 +49,7 @@ class ArmReport:
     edges: list = field(default_factory=list)  # edges left at the end
     limits: list = field(default_factory=list)  # (edge, why it cannot widen)
     best_rank: int | None = None
+    searches: dict = field(default_factory=dict)  # scope name -> (rounds, trials): study.tune's sizes
 
     @property
     def finalists(self) -> list:
@@ -102,6 +105,7 @@ def collect(driver) -> list[ArmReport]:
             limits,
         )
         rep.best_rank = best_finalist(state.final, driver.metric.higher_is_better)
+        rep.searches = state.searches
         out.append(rep)
     return out
 
@@ -170,6 +174,8 @@ def write_study_report(driver) -> list[Path]:
         more, ladder_figs, ladder = ladder_section(driver, arms, out, _table)
         lines += more
         written += ladder_figs
+    more, tuning = tuning_section(driver, arms)
+    lines += more
     figs = [p for p in written if p.suffix == ".png" and p.name != "report_curves.png"]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in figs]
     from mars.study.averaged import averaged_section  # train.average: the same runs judged on both
@@ -178,7 +184,8 @@ def write_study_report(driver) -> list[Path]:
     lines += more
     written += averaged_files
     md = write_atomic(out / "study.md", "\n".join(lines) + "\n")
-    study_json = {**_json(driver, arms, report, command), "ladder": ladder, "averaged": averaged or None}
+    study_json = {**_json(driver, arms, report, command), "ladder": ladder, "averaged": averaged or None,
+                  "tuning": tuning}  # fmt: skip
     js = write_atomic(out / "study.json", json.dumps(jsonable(study_json), indent=2) + "\n")
     return [md, js, *written]
 
@@ -418,6 +425,192 @@ def _json(driver, arms, report, command) -> dict:
             }
             for rep in arms
         },
+    }
+
+
+# ----------------------------------------------------------------------------- tuning across sizes
+
+
+@dataclass
+class Optimum:
+    """The best trial of an arm's search in one scope (a size, or a size and budget: study.tune)."""
+
+    scope: object  # mars.study.tuning.Scope
+    x: tuple[float, ...]  # (N,) or (N, D): non-embedding parameters, tokens of the budget
+    best: object  # the TrialRecord, None when every trial diverged
+    edges: list
+    trials: list  # every search trial of the scope
+
+    def sampled(self, key: str) -> list[float]:
+        """Every value of `key` the search tried (diverged trials too: they were looked at)."""
+        return [float(t.params[key]) for t in self.trials if key in t.params]
+
+
+def tuning_section(driver, arms: list[ArmReport]) -> tuple[list[str], dict | None]:
+    """study.md's "Tuning across sizes" and study.json's "tuning" (study.tune): each arm's optimum per
+    size (and budget); each searched numeric key's optimum fitted as a power law over the sizes,
+    h*(N) or h*(N, D) (mars.analysis.hyper_scaling), and whether it moves with scale; the rule fitted
+    without the held-out size (mars.study.tuning.holdout_of), its prediction there, checked against the
+    optimum searched there."""
+    from mars.analysis.hyper_scaling import check, resolution
+    from mars.study.driver import ArmState
+    from mars.study.tuning import holdout_of, tuned
+
+    spec = driver.study.spec
+    if not tuned(spec):
+        return [], None
+    tune, hold, with_d = spec["tune"], holdout_of(spec), bool(spec["tune"].get("budgets"))
+    own = tune.get("finals", "own") == "own"
+    law = "h*(N, D) = c N^a D^b" if with_d else "h*(N) = c N^b"
+    x_is = "N: non-embedding parameters" + ("; D: tokens of a budget" if with_d else "")
+    searched = ", ".join(f"{z}: {n}" for z, n in tune["trials"].items())
+    finals = "its own optimum" if own else "the first size's optimum (a transfer)"
+    L = ["", "## Tuning across sizes", ""]
+    L.append(
+        f"Each arm searched at every size of study.tune.trials ({searched} trials per arm"
+        f"{', at every budget' if with_d else ''}); the finals at each size take {finals}. A size's "
+        f"optimum is its search's best trial (every round). Each numeric key's optimum is fitted as {law} "
+        f"({x_is}) by least squares on the log scale over the sizes (mars.analysis.hyper_scaling). Its "
+        "scatter: the residuals' standard deviation s (log scale), with a floor from the searches' "
+        "resolution (the RMS over the points of where each optimum lies between its best trial's "
+        "neighbours). 95% intervals: Student's t with df = points - parameters on s, or the normal "
+        "quantile on the floor where it is larger (or no degree of freedom is left). A key moves with "
+        "scale when its exponent's interval excludes 0. An optimum at an edge of its range (nothing worse "
+        "beyond it) is a bound, and a fit through it is biased."
+    )
+    opt_rows, rule_rows, check_rows = [], [], []
+    js: dict = {"x": x_is, "holdout": hold, "optima": [], "rules": [], "holdout_check": []}
+    for rep in arms:
+        arm = driver.study.arm(rep.name)
+        scopes = [z for z in driver.scopes(arm) if z.name]
+        if not scopes or not rep.rounds:
+            continue
+        optima = []
+        for z in scopes:
+            size = driver.size_of[z.size]
+            x = (float(size.params), *((float(z.steps * size.tokens_per_step),) if with_d else ()))
+            best = ranked(rep.searches[z.name][1], driver.metric.higher_is_better)[:1]
+            edges = driver.edges(arm, ArmState(rep.searches, [], None), z)
+            optima.append(Optimum(z, x, best[0] if best else None, edges, rep.searches[z.name][1]))
+        for o in optima:
+            b = o.best
+            where = "; ".join(f"{e.key} at its {e.bound} bound" for e in o.edges) or "-"
+            found = _config(b.params) if b else "every trial diverged"
+            opt_rows.append(
+                [rep.name, o.scope.name, f"{o.x[0]:,.0f}", f"{b.value:.4f}" if b else "-", found, where]
+            )
+            js["optima"].append(
+                {"arm": rep.name, "scope": o.scope.name, "size": o.scope.size, "steps": o.scope.steps,
+                 "x": list(o.x), "value": b.value if b else None, "params": b.params if b else None,
+                 "edges": [e.line() for e in o.edges],
+                 "resolution": {k: resolution(v, o.sampled(k)) for k, v in (b.params if b else {}).items()}}
+            )  # fmt: skip
+        for key, d in rep.rounds[-1].space.items():
+            if not d.numeric:
+                continue
+            pts = [
+                (o.scope, o.x, o.best.params[key], resolution(o.best.params[key], o.sampled(key)))
+                for o in optima
+                if o.best is not None
+            ]
+            rule, used, note = _rule(pts, with_d)
+            rule_rows.append([rep.name, key, *_rule_cells(rule, note), str(len(used))])
+            js["rules"].append({"arm": rep.name, "key": key, "fit": _rule_json(rule), "note": note or None})
+            if hold is None:
+                continue
+            fitted, _, note = _rule([p for p in pts if p[0].size != hold], with_d)
+            held = [p for p in pts if p[0].size == hold]
+            if not isinstance(fitted, str) and len(fitted.names) == 1:
+                held = held[-1:]  # h*(N) alone: the largest budget's optimum
+            for z, x, value, _ in held:
+                if isinstance(fitted, str):
+                    check_rows.append([rep.name, key, z.name, f"no fit: {fitted}", _short(value), "-"])
+                    continue
+                c = check(fitted, x[: len(fitted.names)], value)
+                iv = (
+                    c.interval
+                    if isinstance(c.interval, str)
+                    else f"{c.interval[0]:.4g} to {c.interval[1]:.4g}"
+                )
+                check_rows.append(
+                    [rep.name, key, z.name, f"{c.predicted:.4g} ({iv})", _short(value), c.verdict()]
+                )
+                js["holdout_check"].append(
+                    {"arm": rep.name, "key": key, "scope": z.name, "predicted": c.predicted,
+                     "interval": c.interval, "searched": value, "inside": c.inside, "fit": _rule_json(fitted),
+                     "note": note or None}
+                )  # fmt: skip
+    L += ["", "### Optimum per size", ""]
+    L.append(_table(["arm", "scope", "N", f"best {driver.metric.title}", "optimum", "at an edge"], opt_rows))
+    L += ["", "### Fitted rules", "", f"Over every searched size{' and budget' if with_d else ''}:", ""]
+    L.append(
+        _table(
+            ["arm", "key", "rule", "exponent (95% CI)", "moves with scale", "scatter s / floor", "points"],
+            rule_rows,
+        )
+    )
+    L += ["", "### Prediction at the held-out size", ""]
+    if hold is None:
+        L.append("- none: study.tune.holdout is unset and fewer than 3 sizes are searched")
+        return L, js
+    L.append(
+        f"Each key's rule fitted without {hold}, its prediction at {hold} with the 95% interval of a new "
+        "searched optimum there (the fit's uncertainty and one search's scatter), against the optimum "
+        f"{hold}'s own search found: inside or outside the interval."
+    )
+    L += ["", _table(["arm", "key", "scope", "predicted (95% interval)", "searched", "check"], check_rows)]
+    return L, js
+
+
+def _rule(pts: list, with_d: bool) -> tuple:
+    """(the rule or why none, the points it used, a note): h*(N, D) when it leaves a degree of freedom,
+    else h*(N) over each size's largest budget (`pts`: (scope, x, optimum, its resolution)); the points'
+    resolution is the floor of their scatter (mars.analysis.hyper_scaling)."""
+    from mars.analysis.hyper_scaling import fit_rule, floor_of
+
+    note = ""
+    if with_d:
+        rule = fit_rule([(p[1], p[2]) for p in pts], ("N", "D"), floor_of([p[3] for p in pts]))
+        if not isinstance(rule, str) and rule.df >= 1:
+            return rule, pts, note
+        why = rule if isinstance(rule, str) else f"{rule.points} points leave no degree of freedom"
+        note = f"only h*(N) is fitted, at each size's largest budget (h*(N, D): {why})"
+        last: dict = {}
+        for p in pts:  # the scopes come smallest budget first
+            last[p[0].size] = p
+        pts = list(last.values())
+    return fit_rule([((p[1][0],), p[2]) for p in pts], floor=floor_of([p[3] for p in pts])), pts, note
+
+
+def _rule_cells(rule, note: str) -> list[str]:
+    if isinstance(rule, str):
+        return [f"no fit: {rule}", "-", "-", "-"]
+    ivs = {n: rule.exponent_interval(n) for n in rule.names}
+    exps = "; ".join(
+        f"{n}: {rule.exponent(n):.3g} "
+        + (f"({iv[0]:.3g} to {iv[1]:.3g})" if not isinstance(iv, str) else f"({iv})")
+        for n, iv in ivs.items()
+    )
+    moves = [n for n in rule.names if rule.moves(n)]
+    unknown = any(rule.moves(n) is None for n in rule.names)
+    verdict = f"yes: with {' and '.join(moves)}" if moves else ("unknown (no interval)" if unknown else "no")
+    s = f"{rule.s:.3g}" if rule.df >= 1 else "-"
+    return [rule.formula() + (f" ({note})" if note else ""), exps, verdict, f"{s} / {rule.floor:.3g}"]
+
+
+def _rule_json(rule) -> dict:
+    if isinstance(rule, str):
+        return {"reason": rule}
+    return {
+        "formula": rule.formula(),
+        "c": rule.c,
+        "exponents": {n: rule.exponent(n) for n in rule.names},
+        "intervals": {n: rule.exponent_interval(n) for n in rule.names},
+        "moves": {n: rule.moves(n) for n in rule.names},
+        "points": rule.points,
+        "df": rule.df,
+        "s": rule.s if rule.df >= 1 else None,
+        "floor": rule.floor,
     }
 
 

@@ -16,7 +16,8 @@ each scope's range where its best sits at a bound), its own optuna studies (NAME
 run dirs (STUDY_DIR/search/ARM/SCOPE/NNN). A size not named in tune.trials is not searched: its finals
 take the first size's optimum. Without tune, one scope: the search at the first size (as before).
 The report fits each key's optimum as a power law in model size (and tokens) and checks the prediction
-at the held-out size (mars.analysis.hyper_scaling, mars.study.tuning_report).
+at the held-out size: the fits in mars.analysis.hyper_scaling, the section of study.md and study.json in
+mars.study.report.tuning_section.
 """
 
 from __future__ import annotations

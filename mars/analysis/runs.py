@@ -149,8 +149,8 @@ class Run:
 
     @cached_property
     def parent(self):
-        """Where the run's parent is now (mars.train.lineage.locate_parent); None for a run of its own."""
-        from mars.train.lineage import locate_parent
+        """Where the run's parent is now (mars.checkpoint.lineage.locate_parent); None if it has none."""
+        from mars.checkpoint.lineage import locate_parent
 
         return locate_parent(self.lineage) if self.lineage else None
 
@@ -227,7 +227,7 @@ def load_run(path: Path, sweep: Path | None = None, with_metrics: bool = True) -
         overrides=overrides,
         choices=read_choices(path),
     )
-    from mars.train.lineage import LINEAGE_FILE, read_lineage
+    from mars.checkpoint.lineage import LINEAGE_FILE, read_lineage
 
     run.lineage = read_lineage(path)
     step = (run.lineage or {}).get("step", 0)

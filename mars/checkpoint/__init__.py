@@ -9,6 +9,7 @@ load.py      verifying a checkpoint before a run relies on it; loading its model
 sharded.py   torch.distributed.checkpoint (DCP) files for FSDP2, read without unpickling code
 state.py     train_state.pt (weights_only-safe) and RNG capture
 export.py    a checkpoint as a Hugging Face model directory
+lineage.py   RUN_DIR/lineage.json: the checkpoint a fork or init_from run began from, and where it is now
 
 Submodules load on first attribute access (the layout names come without torch's distributed
 checkpoint machinery).

@@ -5,7 +5,7 @@ per arm, finalist, seed and size, ONE wsd run of the largest budget, the trunk, 
 checkpoint at every smaller budget's decay start (train.ckpt_steps), and one cooldown branch per smaller
 budget B: train.fork_from=the trunk's checkpoint at decay_start(B), train.max_steps=B. Every step before
 decay_start(B) runs at the same lr in a run of B steps as in the trunk (warmup, then the peak), so the
-branch is the standalone wsd run of B steps (bit for bit on the CPU: mars.train.lineage), for the cost of
+branch is the standalone wsd run of B steps (bit for bit on the CPU: mars.train.forks), for the cost of
 its cooldown. The largest budget is the trunk itself. `sizes: {NAME: [overrides]}` repeats all of it per
 model size (shape overrides only: model.n_embd=..., model.n_layer=..., or a model preset of the same
 family); the search, if any, runs at the base (its train.max_steps) and the first size.

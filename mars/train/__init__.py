@@ -9,7 +9,7 @@ builtin_metrics.py  gamma and the mars/ diagnostics, registered like a researche
 trainer.py      the loop: accumulation, DDP, exact/approximate MARS, resume, preemption
 cli.py          Hydra entry point: config checks, run dir, then the Trainer
 rundir.py       the run dir's rules: a new run, resume=auto / PATH, what is moved aside
-lineage.py      runs begun from another: forks (fork_from), weights alone (init_from), lineage.json
+forks.py        runs begun from another: forks (fork_from), weights alone (init_from); their checks
 runlock.py      one run per run dir: an OS lock held for the run's lifetime
 outcome.py      RUN_DIR/outcome.json: how a run ended (completed, preempted, diverged), for launchers
 """

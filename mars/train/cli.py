@@ -238,8 +238,8 @@ def _place(plan: Plan, name: str, overrides: list[str], places: list) -> None:
 
 def _check_sources(plan: Plan) -> None:
     """train.fork_from / train.init_from name a checkpoint (or HF directory) this run can start from
-    (mars.train.lineage.check_source): verified, healthy, of the config's model and fixed keys."""
-    from mars.train.lineage import check_source
+    (mars.train.forks.check_source): verified, healthy, of the config's model and fixed keys."""
+    from mars.train.forks import check_source
 
     dirs = plan.job_dirs if plan.multirun else [plan.out_dir]
     for cfg, run_dir in zip(plan.cfgs, dirs, strict=False):

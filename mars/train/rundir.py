@@ -24,7 +24,7 @@ Rules (checked on rank 0 before any data is read or a process group exists):
   * in every resume, the config may only change what mars.train.resume allows;
   * train.fork_from starts a new run (the rules of a new run above) from another run's checkpoint, and
     with train.resume=auto a run dir that has checkpoints of its own continues them instead: a requeued
-    fork continues itself (mars.train.lineage).
+    fork continues itself (mars.train.forks).
 Every check comes before anything is moved.
 """
 
@@ -39,11 +39,12 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import mars.checkpoint as ckpt
+from mars.checkpoint.lineage import LINEAGE_FILE
 from mars.entry import hydra_value
 from mars.files import nearest_existing, try_create_dir_in
 from mars.train import runlock
 from mars.train.config import ConfigError
-from mars.train.lineage import LINEAGE_FILE, given, source_checkpoint
+from mars.train.forks import given, source_checkpoint
 from mars.train.metrics import METRICS_FILE
 from mars.train.outcome import OUTCOME_FILE
 from mars.train.resume import check_resume_config
@@ -318,7 +319,7 @@ def _refuse_replaying_a_divergence(cfg, run_dir: Path) -> None:
 
 
 def _fork_point(t) -> Path | None:
-    """The checkpoint a new run forks from (train.fork_from; checked by mars.train.lineage.check_fork
+    """The checkpoint a new run forks from (train.fork_from; checked by mars.train.forks.check_fork
     before the run dir was made), or None."""
     return source_checkpoint("train.fork_from", t.fork_from) if given(t.fork_from) else None
 

@@ -36,11 +36,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import mars.checkpoint as ckpt
+from mars.checkpoint.lineage import is_hf_dir, lineage, write_lineage
 from mars.train import builtin_metrics as builtin_metrics  # registers gamma and the mars/ diagnostics
 from mars.train.config import Config, global_batch_size
 from mars.train.distributed import DistInfo, all_reduce_sum, barrier, host_group
+from mars.train.forks import given, init_weights, source_checkpoint
 from mars.train.health import HealthMonitor
-from mars.train.lineage import given, init_weights, is_hf_dir, lineage, source_checkpoint, write_lineage
 from mars.train.metrics import Metrics, MetricsFile, Progress, check_metrics, logged_metrics
 from mars.train.outcome import TrainingDivergedError, settings_digest
 from mars.train.resume import load_optimizer_state

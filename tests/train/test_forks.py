@@ -14,9 +14,9 @@ from train_helpers import assert_one_line, compose, run_cli, tiny_overrides
 
 import mars.checkpoint as ckpt
 from mars.checkpoint.checksums import file_digest
+from mars.checkpoint.lineage import read_lineage
 from mars.train.config import ScheduleConfig
 from mars.train.distributed import DistInfo
-from mars.train.lineage import read_lineage
 from mars.train.rundir import choose_start
 from mars.train.schedule import LRSchedule, decay_start
 from mars.train.trainer import Trainer
@@ -272,7 +272,7 @@ def test_the_init_from_check_reads_the_config_not_the_model(monkeypatch, tmp_pat
     check finds is the one the full import gives, from safetensors and from pytorch_model.bin alike."""
     import transformers
 
-    from mars.train.lineage import hf_model_config, load_hf
+    from mars.train.forks import hf_model_config, load_hf
 
     source = hf_dir(family, tmp_path / "hf")
     whole = load_hf(source).config

@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install train test test-fast test-slow lint gpu-check
+.PHONY: install train test test-all test-fast lint gpu-check
 
 # CPU torch where no CUDA driver is present: a pinned version resolves to the CPU wheel here,
 # an unpinned `torch` would pull the multi-GB CUDA build.
@@ -27,7 +27,13 @@ test: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m pytest -q -m "not slow" -n auto
-	$(PYTHON) -m pytest -q -m slow -n auto --dist loadfile
+	$(PYTHON) -m pytest -q -m "slow and not extended" -n auto --dist loadfile
+
+# test plus the extended tier (-m extended: the heaviest end-to-end tests, about 5 more minutes on 2 cores):
+# a smoke and a budgets study of the real train.py, fsdp SIGKILL/resharding on 1-4 ranks, two nodes, the
+# plugin end to end, the GPU check's full dry run, the LLaMA fsdp budget branch.
+test-all: test
+	$(PYTHON) -m pytest -q -m extended -n auto --dist loadfile
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" -n auto

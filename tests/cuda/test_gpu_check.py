@@ -56,6 +56,7 @@ def test_without_cuda_it_says_so_in_one_line_and_fails(tmp_path):
     assert "| train-readme | not run |" in (out / "gpu_check.md").read_text()
 
 
+@pytest.mark.extended  # make test-all
 def test_dry_run_writes_the_json_and_markdown_report(tmp_path):
     out = tmp_path / "report"
     t0 = time.monotonic()

@@ -217,6 +217,7 @@ def test_the_report_judges_the_averaged_weights_and_gives_speedups_per_second_an
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all
 def test_a_budgets_study_of_the_real_train_py_branches_equal_standalone_runs(tmp_path, data_root):
     """One arm, nothing searched, budgets 6 and 8 steps: a trunk and a branch through train.py; the
     branch's final val loss is that of a standalone wsd run of 6 steps, bit for bit."""

@@ -28,6 +28,7 @@ def study_command(*args: str) -> list[str]:
     return [sys.executable, str(REPO / "scripts" / "study.py"), "study=smoke", *args]
 
 
+@pytest.mark.extended  # make test-all
 def test_a_smoke_study_of_the_real_train_py_runs_to_its_report(tmp_path, data_root):
     from mars.analysis.cli import report_main
     from mars.analysis.runs import find_run_dirs

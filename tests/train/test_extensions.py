@@ -19,7 +19,7 @@ from train_helpers import PYTHON, REPO, subprocess_env
 
 from mars.metrics_jsonl import read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # make test-all
 
 BETA1 = 0.95  # MARS-AdamW's default betas[0]
 GAMMA = 0.05

@@ -21,7 +21,7 @@ from train_helpers import PYTHON, tiny_overrides
 
 from mars.checkpoint import latest_checkpoint, read_meta
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # make test-all
 
 
 def torchrun(n: int, *args) -> list[str]:

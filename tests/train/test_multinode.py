@@ -29,7 +29,7 @@ from train_helpers import PYTHON, REPO, subprocess_env, tiny_overrides
 
 from mars.checkpoint import latest_checkpoint, read_meta
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # make test-all
 
 DIST_TIMEOUT_MIN = 0.5  # train.dist_timeout_min of these runs: a lost rank must be noticed well within it
 

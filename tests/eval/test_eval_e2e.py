@@ -13,6 +13,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_M
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all
 def test_train_then_evaluate_the_run(tmp_path):
     run = tmp_path / "run"
     train = [

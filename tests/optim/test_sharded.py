@@ -143,7 +143,7 @@ def _check_all(rank: int, world: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=[pytest.mark.slow, pytest.mark.extended])])
 def test_sharded_and_divided_optimizers_equal_one_process(world):
     results = run_ranks(world, _check_all)
     assert results["newton_schulz"]  # distributed Newton-Schulz and norms: bit-identical (test_dist)

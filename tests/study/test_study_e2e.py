@@ -95,6 +95,7 @@ def test_a_driver_killed_mid_way_resumes_with_only_the_missing_trials(tmp_path, 
     assert trials_of(driver_of(same)) == trials_of(whole)
 
 
+@pytest.mark.extended  # make test-all
 def test_trials_run_through_submitit(tmp_path, data_root):
     study_dir = tmp_path / "submitit"
     command = study_command(

@@ -135,8 +135,12 @@ main()
 """
 
 
+LLAMA_SMALL = ["model=llama_tiny", "model.n_head=4", "model.n_kv_head=2"]
+
+
 @pytest.mark.parametrize(
-    "model", [[], ["model=llama_tiny", "model.n_head=4", "model.n_kv_head=2"]], ids=["gpt2", "llama"]
+    "model",
+    [pytest.param([], id="gpt2"), pytest.param(LLAMA_SMALL, id="llama", marks=pytest.mark.extended)],
 )
 def test_resume_after_sigkill_reproduces_the_straight_run(data_root, tmp_path, model):
     overrides = [*tiny_overrides(data_root, max_steps=20, ckpt_interval=10, eval_interval=10), *model]
@@ -203,6 +207,7 @@ def _load_script(name):
     return module
 
 
+@pytest.mark.extended  # make test-all
 def test_two_by_two_sweep_runs_and_summarizes(data_root, tmp_path):
     sweep = tmp_path / "sweep"
     overrides = tiny_overrides(data_root, max_steps=3, log_interval=1)
@@ -260,6 +265,7 @@ def test_unknown_option_is_one_line_from_the_real_command(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.extended  # make test-all
 def test_parallel_launcher_runs_two_cpu_jobs_at_once(tmp_path):
     """hydra/launcher=parallel: both jobs of a 2-job sweep run at the same time, each in its own dir;
     the data is not prepared yet, as on a fresh clone: the first job prepares it with tokenizer worker

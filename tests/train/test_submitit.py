@@ -17,7 +17,7 @@ from train_helpers import PYTHON, REPO, subprocess_env, tiny_overrides
 
 from mars.checkpoint import latest_checkpoint
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # make test-all
 
 PREEMPT_ONCE = """
 import os, signal

@@ -44,6 +44,6 @@ lint:
 	$(PYTHON) -m ruff format --check .
 
 # On a CUDA machine: the CUDA tests and the benchmarks in 8 minutes, one report in gpu_check/ (or $OUT);
-# docs/gpu_check.md. Installs nothing; ARGS=--dry-run runs it on the CPU with tiny sizes (as CI does).
+# docs/gpu_check.md. Installs nothing; ARGS=--dry-run runs it on the CPU with tiny sizes (make test-all does).
 gpu-check:
 	$(PYTHON) scripts/gpu_check.py $(ARGS)

@@ -12,7 +12,7 @@ process group SIGKILL. The report (OUT_DIR, else $OUT, else ./gpu_check) is rewr
 (a check killed midway leaves the steps it finished), from the tests' JUnit XML (their measurements:
 record_property), the benchmarks' JSON (written row by row) and the training runs' metrics.jsonl.
 Without a visible CUDA device it says so in one line, writes a report of steps not run and exits 1;
---dry-run runs every step on the CPU with tiny sizes (what CI runs). See docs/gpu_check.md.
+--dry-run runs every step on the CPU with tiny sizes (make test-all runs it). See docs/gpu_check.md.
 """
 
 from __future__ import annotations
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "out_dir", nargs="?", type=Path, help="the report's folder (default: $OUT, else gpu_check)"
     )
-    ap.add_argument("--dry-run", action="store_true", help="every step on the CPU with tiny sizes (as CI)")
+    ap.add_argument("--dry-run", action="store_true", help="every step on the CPU, tiny sizes")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all the steps together")
     ap.add_argument("--only", type=lambda s: s.split(","), default=list(STEPS), help=",".join(STEPS))
     ap.add_argument("--data-root", type=Path, default=REPO / "data", help="where the corpus is prepared")

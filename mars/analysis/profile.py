@@ -3,7 +3,7 @@ every model size of a study), the share of cells in which an arm's cost is withi
 arm's cost there, as a function of tau >= 1. An arm that is best everywhere is at 1 from tau = 1; one
 that never gets there stays at 0.
 
-A cell's cost, for a study with budgets (mars.study.ladder_report): the tokens (or training seconds) an
+A cell's cost, for a study with budgets (mars.study.scale): the tokens (or training seconds) an
 arm needs to reach the cell's target, the baseline's median final value at that size and budget, read off
 the arm's median final value over its budgets, linear in tokens between two budgets. An arm already at
 the target at the smallest budget is given the smallest budget's tokens (nothing smaller was trained:

@@ -8,7 +8,7 @@ numbers, and the section says
   same run: averaged minus model) with its 95% interval and p, Holm over every arm (and budget and size);
 * the verdict against the baseline arm on each: does averaging change it, or the ranking?
 * with budgets and sizes, the same per size and budget, and the budget table, fits, speedups and
-  performance profile of the averaged value (mars.study.ladder_report), with its figures in
+  performance profile of the averaged value (mars.study.scale), with its figures in
   report/averaged/, where report.py's report of the averaged value also goes.
 """
 
@@ -64,7 +64,7 @@ def averaged_section(
         more, cell_js = _cells(driver, arms, m.key, key, table)
         L += more
         out_js["cells"] = cell_js
-        from mars.study.ladder_report import ladder_section
+        from mars.study.scale import ladder_section
 
         sub.mkdir(parents=True, exist_ok=True)
         ladder_lines, figs, ladder_js = ladder_section(driver, arms, sub, table, key=key)
@@ -161,7 +161,7 @@ def _cells(driver, arms, key: str, averaged_key: str, table) -> tuple[list[str],
     effect (Holm over the table), the difference to the baseline arm on each, and whether the arms' order
     moved."""
     from mars.analysis.significance import compare, holm
-    from mars.study.ladder_report import ladder_of
+    from mars.study.scale import ladder_of
 
     s = driver.study
     model, avg = ladder_of(driver, arms, key), ladder_of(driver, arms, averaged_key)

@@ -27,9 +27,9 @@ def _say(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from mars.analysis.errors import AnalysisError
+    from mars.errors import StudyError
     from mars.plugins import PluginError
     from mars.study.driver import Driver, Interrupted
-    from mars.study.errors import StudyError
     from mars.study.report import write_study_report
     from mars.study.spec import check_spec, compose_spec
 

@@ -6,7 +6,7 @@
 
 prepare() refuses, each in one line naming the key or file and the fix: every bad spec value
 (mars.study.spec), an arm whose config does not compose at the corners of its space
-(mars.study.configs), a storage it cannot open, a study dir or storage made by another spec (the
+(mars.study.spec), a storage it cannot open, a study dir or storage made by another spec (the
 differences named), run dirs the storage does not know or known trials whose run dirs are gone.
 
 run() loops: while a launcher slot is free, the next job is chosen under the study's ask lock (a row
@@ -15,7 +15,7 @@ of the storage: mars.study.storage), arms in turn so that they progress alike:
 1. an orphaned trial (RUNNING, its driver dead) is adopted and rerun in its own dir with
    train.resume=auto;
 2. else a new trial of the arm's current round is asked, while the round's budget lasts;
-3. a round whose trials have all finished goes through the edge check (mars.study.extend): a wider
+3. a round whose trials have all finished goes through the edge check (mars.study.search): a wider
    round, or the arm's finals: its top_k configs, each with every seed of study.final.seeds.
 
 A finished trial is read from its run dir (mars.study.trials.read_result): completed or diverged
@@ -36,40 +36,36 @@ from pathlib import Path
 
 import yaml
 
-from mars.study import budgets as ladder
-from mars.study.configs import (
+from mars.errors import StudyError
+from mars.study import scale
+from mars.study.scale import Scope, finals_scope, scopes_of, tuned
+from mars.study.search import Round, distributions, draw, edges_of, make_sampler, points_of, widen
+from mars.study.spec import (
+    SPEC_FILE,
+    Arm,
     ArmConfig,
+    Study,
     check_arm,
+    check_dirs,
     check_metric_key,
     check_sizes,
+    check_spec_file,
+    check_storage_spec,
     prepare_data,
+    public_spec,
     study_dir_ok,
     valid,
 )
-from mars.study.errors import StudyError
-from mars.study.extend import Round, edges_of, points_of, widen
-from mars.study.preflight import SPEC_FILE, check_dirs, check_spec_file, check_storage_spec
-from mars.study.records import (
+from mars.study.storage import (
+    DriverLock,
     TrialRecord,
+    open_storage,
     records_of,
     round_attrs,
     round_from_attrs,
     study_name,
 )
-from mars.study.samplers import make_sampler
-from mars.study.space import distributions, draw
-from mars.study.spec import Arm, Study, public_spec
-from mars.study.storage import DriverLock, open_storage
-from mars.study.trials import (
-    LAUNCH_LOG,
-    Job,
-    Result,
-    final_dir,
-    read_result,
-    search_dir,
-    trial_overrides,
-)
-from mars.study.tuning import Scope, finals_scope, scopes_of, tuned
+from mars.study.trials import LAUNCH_LOG, Job, Result, final_dir, read_result, search_dir, trial_overrides
 
 MAX_ATTEMPTS = 3  # a trial preempted (SIGTERM from outside) is continued this many times
 POLL_S = 0.2
@@ -82,7 +78,7 @@ class Interrupted(Exception):
 @dataclass
 class ArmState:
     """Where an arm stands, as the storage says: its rounds and search trials in each scope (the sizes it
-    searches at: mars.study.tuning), its finals."""
+    searches at: mars.study.scale), its finals."""
 
     searches: dict[str, tuple[list[Round], list[TrialRecord]]]  # scope name -> (rounds, trials)
     final: list[TrialRecord]
@@ -108,7 +104,7 @@ class Driver:
         self.study, self.launcher, self.say, self.poll_s = study, launcher, say, poll_s
         self.metric = None
         self.configs: dict[str, ArmConfig] = {}
-        self.sizes: list[ladder.Size] = []  # budgets and sizes of the finals (mars.study.budgets); [] without
+        self.sizes: list[scale.Size] = []  # budgets and sizes of the finals (mars.study.scale); [] without
         self.storage = None
         self.lock = DriverLock()
         self._studies: dict[str, object] = {}
@@ -125,7 +121,7 @@ class Driver:
         that it is prepared or can be, writing nothing."""
         from mars.analysis.errors import AnalysisError
         from mars.analysis.metric import metric_of
-        from mars.study.launchers import make_launcher
+        from mars.study.trials import make_launcher
 
         s = self.study
         study_dir_ok(s.dir)
@@ -149,7 +145,7 @@ class Driver:
             prepare_data(list(self.configs.values()), write=data)
 
     def scopes(self, arm: Arm) -> list[Scope]:
-        """Where `arm` searches (mars.study.tuning): every size of study.tune.trials, or the first size."""
+        """Where `arm` searches (mars.study.scale): every size of study.tune.trials, or the first size."""
         if not arm.space:
             return scopes_of({**self.study.spec, "tune": {}}, self.sizes)
         return scopes_of(self.study.spec, self.sizes)
@@ -157,7 +153,7 @@ class Driver:
     def _scope(self, arm: Arm, name: str) -> Scope:
         return next(z for z in self.scopes(arm) if z.name == name)
 
-    def _check_sizes(self) -> list[ladder.Size]:
+    def _check_sizes(self) -> list[scale.Size]:
         """Every arm's sizes, which must agree (the same budgets in steps and fork points: the arms pair)."""
         s = self.study
         by_arm = {arm.name: check_sizes(s, arm) for arm in s.arms}
@@ -172,16 +168,16 @@ class Driver:
         return ref
 
     @property
-    def size_of(self) -> dict[str, ladder.Size]:
+    def size_of(self) -> dict[str, scale.Size]:
         return {z.name: z for z in self.sizes}
 
     def budget_lines(self) -> list[str]:
-        from mars.study.preflight import budget_lines, finalists
+        from mars.study.spec import budget_lines, finalists
 
         lines = budget_lines(self.study, self.configs, finals=not self.sizes)
         if self.sizes:  # every arm's finalists and seeds, at every size
             runs = sum(finalists(self.study, arm) for arm in self.study.arms) * len(self.study.seeds)
-            lines += ladder.budget_lines(self.sizes, 1, runs)
+            lines += scale.budget_lines(self.sizes, 1, runs)
         if tuned(self.study.spec):
             for arm in self.study.arms:
                 scopes = [z for z in self.scopes(arm) if z.name]
@@ -335,7 +331,7 @@ class Driver:
             state.plan = self._plan_finals(arm, state)  # every scope's search is done: plan the finals
         while len(state.final) < len(state.plan):
             entry = state.plan[len(state.final)]
-            if entry.get("role") == ladder.BRANCH:
+            if entry.get("role") == scale.BRANCH:
                 ready = self._branch_ready(arm, state, entry)
                 if ready is False:
                     return None  # its trunk has not saved the fork point yet
@@ -351,7 +347,7 @@ class Driver:
         never will (its trunk finished without that checkpoint)."""
         trunk = state.final[entry["trunk"]]
         finished = trunk.state == "COMPLETE"
-        if ladder.branch_ready(trunk.dir, entry["fork_step"], finished):
+        if scale.branch_ready(trunk.dir, entry["fork_step"], finished):
             return True
         if not finished:
             return False
@@ -416,13 +412,13 @@ class Driver:
     def _fill_final(self, arm: Arm, st, plan: list[dict], number: int) -> TrialRecord:
         """Final trial `number` is the plan's entry `number`: its values, rank, seed, run dir, owner."""
         entry = plan[number]
-        run_dir = ladder.entry_dir(self.study.dir, arm.name, entry)
+        run_dir = scale.entry_dir(self.study.dir, arm.name, entry)
         attrs = {"params": entry["params"], "rank": entry["rank"], "seed": entry["seed"], "dir": str(run_dir)}
         for key in ("role", "size", "steps", "headline", "ckpt_steps", "fork_step"):
             if key in entry:
                 attrs[key] = entry[key]
         if "trunk" in entry:
-            attrs["trunk_dir"] = str(ladder.entry_dir(self.study.dir, arm.name, plan[entry["trunk"]]))
+            attrs["trunk_dir"] = str(scale.entry_dir(self.study.dir, arm.name, plan[entry["trunk"]]))
         self._set_attrs(st, number, {"driver": self.lock.id, **attrs})
         return [r for r in records_of(st, arm.name, "final", root=self.study.dir) if r.number == number][0]
 
@@ -442,7 +438,7 @@ class Driver:
             rank, seed = int(t.attrs["rank"]), int(t.attrs["seed"])
             run_dir = Path(t.attrs["dir"]) if "role" in t.attrs else final_dir(s.dir, arm.name, rank, seed)
             tag = f"final/{arm.name}/{run_dir.name}"
-            extra = ladder.entry_overrides(t.attrs, self.size_of)
+            extra = scale.entry_overrides(t.attrs, self.size_of)
         if fresh and holds_a_run(run_dir):
             raise StudyError(
                 f"{run_dir} already holds a run that is not this trial's: move it away (a trial's run dir is "
@@ -487,7 +483,7 @@ class Driver:
         return self._valid[k]
 
     def _plan_finals(self, arm: Arm, state: ArmState) -> list[dict]:
-        from mars.study.finals import plan_finals
+        from mars.study.search import plan_finals
 
         spec = self.study.spec
 
@@ -502,9 +498,9 @@ class Driver:
         if self.sizes and arm.space and tuned(spec):  # each size's finals at its scope's optimum
             scopes = self.scopes(arm)
             own = {z.name: state.searches[finals_scope(spec, scopes, z.name).name][1] for z in self.sizes}
-            plan = ladder.expand_plans([(plan_of(own[z.name]), z) for z in self.sizes])
+            plan = scale.expand_plans([(plan_of(own[z.name]), z) for z in self.sizes])
         elif self.sizes:
-            plan = ladder.expand_plan(plan, self.sizes)
+            plan = scale.expand_plan(plan, self.sizes)
         self._optuna_study(study_name(self.study.name, arm.name, "final"), attrs={"plan": plan})
         if not plan:
             self.say(f"{arm.name}: every search trial diverged; the arm has no finalist")
@@ -607,7 +603,7 @@ class Driver:
                 "command: the study resumes, rerunning this trial in its own dir"
             )
         st, number = job.study, job.trial.number
-        if job.trial.attrs.get("role") == ladder.BRANCH:  # the tokens it trained: its trunk's are not its own
+        if job.trial.attrs.get("role") == scale.BRANCH:  # the tokens it trained: its trunk's are not its own
             per_step = self.size_of[job.trial.attrs["size"]].tokens_per_step
             result.tokens = max(0.0, result.tokens - int(job.trial.attrs["fork_step"]) * per_step)
         result_attrs = {

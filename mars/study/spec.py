@@ -1,4 +1,8 @@
-"""The study spec: configs/study/NAME.yaml, chosen with `study=NAME`, its schema and its checks.
+"""The study spec, and every check a study passes before anything runs.
+
+The spec (configs/study/NAME.yaml, chosen with `study=NAME`): its schema and value checks; then the
+arms' training configs, composed and checked at the corners of their spaces; then the study dir, its
+storage and its run dirs (preflight), and what the study will spend.
 
     python scripts/study.py study=micro [study.KEY=VALUE ...] [TRAINING OVERRIDES ...]
 
@@ -14,7 +18,7 @@ refuses every value that cannot work, one line each, naming the key and the fix:
                   lets several drivers, on machines that share the study dir, run one study
     base          training overrides every trial gets: model, data, the budget (train.max_steps) ...
     arms          NAME: {overrides: training overrides of this arm (optimizer=..., experiment=...),
-                  search: its search space (mars.study.space), trials: its budget (default: trials)}
+                  search: its search space (mars.study.search), trials: its budget (default: trials)}
     baseline      the arm the others are compared with (default: the first)
     trials        search trials per arm (equal for every arm unless an arm sets its own)
     search_seed   train.seed of every search trial
@@ -25,16 +29,16 @@ refuses every value that cannot work, one line each, naming the key and the fix:
     edges         tolerance: the edge rule (mars.analysis.edges): the best trial must be bracketed, on
                   each side of each numeric key, by a trial worse than it by more than this
     auto_extend   rounds (0: off), trials: an arm whose best sits at a bound gets `trials` more, in the
-                  range widened there (mars.study.extend), up to `rounds` times
+                  range widened there (mars.study.search), up to `rounds` times
     final         top_k, seeds: the top_k configs of each arm rerun with these seeds, shared by all arms
     budgets       [B1, B2, ...] increasing: the finals at every budget, each finalist and seed ONE wsd trunk
-                  of the largest and a cooldown branch per smaller budget (mars.study.budgets); [] (the
+                  of the largest and a cooldown branch per smaller budget (mars.study.scale); [] (the
                   default): the finals at the base's train.max_steps
     budget_unit   steps (train.max_steps) or tokens (a whole number of train.global_batch_size x
                   model.block_size)
     sizes         NAME: [model overrides]: the finals (and budgets) per model size, shape overrides only;
                   the search runs at the first; {} (the default): the base's model
-    tune          trials: {SIZE: N}: a search at each size named, N trials per arm (mars.study.tuning);
+    tune          trials: {SIZE: N}: a search at each size named, N trials per arm (mars.study.scale);
                   finals (own / first: each size's optimum or the first size's), holdout (the size
                   the report predicts and checks), budgets (true: search at every budget too)
     launcher      name (local / submitit), n_jobs (trials at a time), gpus_per_job (local: GPUs of
@@ -45,14 +49,18 @@ refuses every value that cannot work, one line each, naming the key and the fix:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import MISSING
 
-from mars.study.errors import StudyError
-from mars.study.space import Dist, parse_space
+from mars.errors import StudyError
+from mars.study.search import Dist, parse_space
+from mars.study.storage import shown
 
 SAMPLERS = ("sobol", "random", "tpe")
 SUMMARIES = ("final", "best")
@@ -361,10 +369,10 @@ def check_spec(spec: dict) -> Study:
         raise StudyError(
             f"study.final.seeds={seeds} must be a non-empty list of distinct seeds (e.g. [1, 2, 3])"
         )
-    from mars.study.budgets import check_budget_spec
+    from mars.study.scale import check_budget_spec
 
     check_budget_spec(spec)
-    from mars.study.tuning import check_tune_spec
+    from mars.study.scale import check_tune_spec
 
     check_tune_spec(spec)
     launcher = spec["launcher"]
@@ -421,3 +429,331 @@ def identity(spec: dict) -> dict:
     if out.get("tune") == {"trials": {}, "finals": "own", "holdout": None, "budgets": False}:
         del out["tune"]
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The training configs of a study, checked before any trial runs.
+#
+# Each arm is composed as train.py composes a run (mars.train.cli.precheck: the strict schema, every
+# interpolation, every value check) with its search space at each corner that matters: every key at
+# its lower bound, every key at its upper bound, and each choice of a choice key. So a search key the
+# arm's optimizer does not take (the strict registry of mars.optim), a key no config has, or a bound the
+# key cannot take (a negative gamma, an lr_1d of 0) stops the study in one line naming the spec key,
+# before anything runs. `valid` asks the same of one value (auto_extend asks it before widening).
+
+
+@dataclass
+class ArmConfig:
+    """What the driver needs from an arm's composed config."""
+
+    optimizer: str
+    tokens_per_run: int  # train.max_steps x global batch x block size
+    data: Any  # the data config (prepared once, before the trials)
+
+
+_composed: dict[
+    tuple[str, ...], Any
+] = {}  # argv -> config or ConfigError: a spec is composed once per process
+
+
+def _compose(study: Study, arm: Arm, values: dict[str, Any], extra: tuple[str, ...] = ()):
+    """The config of `train.py BASE ARM VALUES EXTRA` (mars.train.cli.precheck), or its ConfigError (one
+    line)."""
+    from mars.entry import hydra_value
+    from mars.train.cli import precheck
+    from mars.train.config import ConfigError
+
+    argv = (*study.base, *arm.overrides, *(f"{k}={hydra_value(v)}" for k, v in values.items()), *extra)
+    if argv not in _composed:
+        try:
+            _composed[argv] = precheck(
+                [*argv, f"hydra.run.dir={hydra_value(str(study.dir / 'search' / arm.name / '000'))}"]
+            ).cfg
+        except ConfigError as e:
+            _composed[argv] = e
+    if isinstance(_composed[argv], ConfigError):
+        raise _composed[argv]
+    return _composed[argv]
+
+
+def _corners(arm: Arm) -> list[tuple[str, dict[str, Any]]]:
+    lows = {k: d.lo if d.numeric else d.choices[0] for k, d in arm.space.items()}
+    highs = {k: d.hi if d.numeric else lows[k] for k, d in arm.space.items()}
+    corners = [("at the lower bounds", lows), ("at the upper bounds", highs)]
+    for k, d in arm.space.items():
+        for c in d.choices[1:]:
+            corners.append((f"with {k}={c}", {**lows, k: c}))
+    return corners
+
+
+def check_arm(study: Study, arm: Arm) -> ArmConfig:
+    """Compose and check the arm at the corners of its space; StudyError naming the spec key."""
+    from mars.optim import optimizer_names, registered
+    from mars.train.config import ConfigError, global_batch_size
+
+    where = f"study.arms.{arm.name}"
+    try:
+        cfg = _compose(study, arm, {})
+    except ConfigError as e:
+        raise StudyError(f"{where}.overrides (with study.base): {e}") from None
+    name = str(cfg.optimizer.name)
+    keys = (
+        [f.name for f in dataclasses.fields(registered(name).config)] if name in optimizer_names() else None
+    )
+    for key, dist in arm.space.items():
+        field_name = key.split(".", 1)[1] if key.startswith("optimizer.") else None
+        if keys is not None and field_name is not None and field_name not in keys:
+            taken = ", ".join(k for k in keys if k != "name")
+            raise StudyError(
+                f"{dist.where}: optimizer={name} has no key '{field_name}' (mars.optim's registry); "
+                f"its keys: {taken}"
+            )
+    for what, values in _corners(arm):
+        try:
+            _compose(study, arm, values)
+        except ConfigError as e:
+            keys_named = [k for k in values if k in str(e)] or list(values)
+            at = arm.space[keys_named[0]].where
+            raise StudyError(f"{at}: the arm does not compose {what} ({e})") from None
+    _check_averaged_metric(study, where, cfg)
+    tokens = int(cfg.train.max_steps) * global_batch_size(cfg, 1) * int(cfg.model.block_size)
+    return ArmConfig(name, tokens, cfg.data)
+
+
+def _check_averaged_metric(study: Study, where: str, cfg) -> None:
+    """A metric of the averaged weights (val/loss_avg, downstream_avg/...) needs train.average in the arm:
+    without it no trial would log the key (found before any trial trains, not after the first)."""
+    key = str(study.spec["metric"]["key"])
+    if (key == "val/loss_avg" or key.startswith("downstream_avg/")) and str(cfg.train.average) == "off":
+        raise StudyError(
+            f"study.metric.key={key} is the averaged weights' loss, but {where} trains with "
+            "train.average=off: add train.average=ema (or tail, decay_sqrt) to study.base, or use "
+            f"study.metric.key={key.replace('_avg', '')}"
+        )
+
+
+def check_sizes(study: Study, arm: Arm) -> list:
+    """The arm's sizes (mars.study.scale.Size: budgets in steps, fork points, parameters), each composed
+    with its overrides and checked: StudyError naming the spec key. [] without budgets or sizes."""
+    from mars.study.scale import check_schedule, check_size_configs, size_of
+    from mars.train.config import ConfigError
+
+    spec = study.spec
+    if not spec["budgets"] and not spec["sizes"]:
+        return []
+    sizes = spec["sizes"] or {"": []}
+    cfgs = {}
+    for name, overrides in sizes.items():
+        where = f"study.sizes.{name}" if name else "study.budgets"
+        try:
+            cfgs[name] = _compose(study, arm, {}, tuple(overrides))
+        except ConfigError as e:
+            raise StudyError(f"{where} with study.arms.{arm.name}: {e}") from None
+        if len(spec["budgets"]) > 1:
+            check_schedule(cfgs[name], f"study.arms.{arm.name}{f' at size {name}' if name else ''}")
+    check_size_configs(study, cfgs)
+    return [size_of(name, sizes[name], cfg, spec) for name, cfg in cfgs.items()]
+
+
+def valid(study: Study, arm: Arm, key: str, value: Any) -> str | None:
+    """None when the arm composes with `key` at `value` (the other keys at their lower bounds), else the
+    one-line reason."""
+    from mars.train.config import ConfigError
+
+    lows = dict(_corners(arm)[0][1])
+    lows[key] = value
+    try:
+        _compose(study, arm, lows)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def prepare_data(configs: list[ArmConfig], write: bool = True) -> None:
+    """Prepare each distinct dataset once, before trials start several at a time; write=False (a dry
+    run): only check that each is prepared, or can be (mars.data.prepare.check_ready), writing nothing."""
+    from omegaconf import OmegaConf
+
+    from mars.data import ensure_prepared
+    from mars.data.errors import DataError
+    from mars.data.prepare import check_ready
+
+    done: set[str] = set()
+    for c in configs:
+        text = OmegaConf.to_yaml(c.data)
+        if text in done:
+            continue
+        done.add(text)
+        try:
+            (ensure_prepared if write else check_ready)(c.data)
+        except DataError as e:
+            raise StudyError(" ".join(str(e).split())) from None
+
+
+def check_metric_key(key: str) -> None:
+    """study.metric.key is a key some run logs (mars.train.metrics.can_log: the trainer's keys and the
+    registered metrics'), found before any trial trains rather than after the first one has."""
+    import difflib
+
+    from mars.train.metrics import TRAINER_FAMILIES, TRAINER_KEYS, can_log
+
+    if can_log(key):
+        return
+    keys = [k for k in TRAINER_KEYS if k not in ("step", "tokens", "time")]
+    close = difflib.get_close_matches(key, keys, n=1)
+    raise StudyError(
+        f"study.metric.key={key!r} is a key no run logs"
+        f"{f' (did you mean {close[0]}?)' if close else ''}: runs log {', '.join(keys)}, "
+        f"{', '.join(f + 'KEY' for f in TRAINER_FAMILIES)} and the metrics plugins register"
+    )
+
+
+def study_dir_ok(path: Path) -> None:
+    """The study dir is a directory, or one can be made there."""
+    from mars.train.config import ConfigError
+    from mars.train.rundir import check_output_dir_writable
+
+    if path.exists() and not path.is_dir():
+        raise StudyError(f"study.dir={path} is a file: choose a directory (created if missing)")
+    try:
+        check_output_dir_writable(str(path), "study.dir")
+    except ConfigError as e:
+        raise StudyError(str(e)) from None
+
+
+# --------------------------------------------------------------------------------------------------
+# The checks a study passes before anything runs, besides the spec's values and the arms' configs
+# (mars.study.spec, mars.study.spec): is the study dir, and its storage, this spec's, and does every
+# run dir under it belong to a trial the storage records? And what the study will spend.
+
+
+SPEC_FILE = "spec.yaml"
+
+
+def check_spec_file(study: Study) -> None:
+    """STUDY_DIR/spec.yaml, if there is one, was written by this spec (operational keys aside)."""
+    path = study.dir / SPEC_FILE
+    if not path.is_file():
+        return
+    try:
+        old = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise StudyError(f"{path} cannot be read ({e}); restore it, or choose another study.dir") from None
+    diff = differences(identity(old), identity(study.spec))
+    if diff:
+        raise StudyError(
+            f"{study.dir} holds a study of another spec ({path}): {'; '.join(diff)}; rerun it with "
+            "that spec, or choose another study.dir"
+        )
+
+
+def check_storage_spec(study: Study, storage) -> None:
+    """The storage's study of this name, if there is one, was made by this spec (a shared RDB)."""
+    import optuna
+
+    if study.name not in optuna.get_all_study_names(storage):
+        return
+    recorded = optuna.load_study(study_name=study.name, storage=storage).user_attrs.get("spec")
+    if recorded is None:
+        return
+    diff = differences(identity(recorded), identity(study.spec))
+    if diff:
+        where = f"study.storage={shown(study.storage)} holds study {study.name!r}"
+        raise StudyError(
+            f"{where} of another spec: {'; '.join(diff)}; rerun it with that spec, or give this one "
+            "another study.name or study.storage"
+        )
+
+
+def check_dirs(study: Study, read_trials) -> None:
+    """Run dirs under the study dir that the storage does not know, and known finished trials whose
+    run dirs are gone: the study would lose or mix them (`read_trials()`: the storage's TrialRecords, read
+    after the dirs were listed, so that a trial another driver starts meanwhile is known)."""
+    from mars.train.rundir import holds_a_run
+
+    runs = [
+        d
+        for pattern in ("search/*/*", "search/*/*/*", "final/*/*")  # search/ARM/SCOPE/NNN: study.tune
+        for d in sorted(study.dir.glob(pattern))
+        if d.is_dir() and holds_a_run(d)
+    ]
+    known = {t.dir.resolve(): t for t in read_trials() if t.dir is not None}
+    unknown = [d for d in runs if d.resolve() not in known]
+    if unknown:
+        raise StudyError(
+            f"{unknown[0]} holds a run that study.storage={shown(study.storage)} does not record (was the "
+            "storage replaced?): restore that storage, or move the run away (or choose another study.dir)"
+        )
+    for path, t in known.items():
+        if t.state == "COMPLETE" and not Path(path).is_dir():
+            raise StudyError(
+                f"the storage records {t.arm} {t.phase} trial {t.index} as finished, but its run dir "
+                f"{path} is gone: restore it, or start again in another study.dir"
+            )
+
+
+def finalists(study: Study, arm) -> int:
+    """The configs of an arm its finals rerun: top_k of its search, or its one fixed config."""
+    return int(study.spec["final"]["top_k"]) if arm.space else 1
+
+
+def budget_lines(study: Study, configs: dict, finals: bool = True) -> list[str]:
+    """What the study will run, per arm and in all: runs and training tokens (`configs`: ArmConfigs);
+    finals=False: the search's alone (with budgets and sizes, mars.study.scale counts the finals)."""
+    s = study
+    lines = []
+    total_runs, total_tokens = 0, 0
+    extend = s.spec["auto_extend"]
+    for arm in s.arms:
+        c = configs[arm.name]
+        runs = arm.trials + (finalists(s, arm) * len(s.seeds) if finals else 0)
+        total_runs += runs
+        total_tokens += runs * c.tokens_per_run
+        space = ", ".join(d.describe() for d in arm.space.values()) or "nothing searched"
+        lines.append(
+            f"{arm.name}{' (baseline)' if arm.name == s.baseline else ''}: optimizer={c.optimizer}, "
+            f"{arm.trials} search trials over {space}; finals: top {finalists(s, arm)} x seeds "
+            f"{s.seeds}; {runs} {'runs' if finals else 'search runs'} x {c.tokens_per_run:,} tokens = "
+            f"{runs * c.tokens_per_run:,} tokens"
+        )
+    more = (
+        f" (+ up to {extend['rounds']} round(s) of {extend['trials']} trials per arm at an edge)"
+        if extend["rounds"]
+        else ""
+    )
+    what = "runs" if finals else "search runs"
+    lines.append(f"budget: {total_runs} {what}, {total_tokens:,} training tokens{more}")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------
+# Where two nested configs differ, key by key, with both values: a study dir's spec against the
+# command's (mars.study.spec) and the composed configs of a ladder's sizes (mars.study.scale).
+
+
+def differences(old: dict, new: dict, prefix: str = "study") -> list[str]:
+    """Dotted keys where two specs differ, with both values."""
+    out = []
+    for k in sorted(set(old) | set(new), key=str):
+        a, b = old.get(k, "<absent>"), new.get(k, "<absent>")
+        where = f"{prefix}.{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, where)
+        elif (
+            isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in a + b) and a != b
+        ):
+            gone, added = [x for x in a if x not in b], [x for x in b if x not in a]
+            change = [*(f"-{x}" for x in gone), *(f"+{x}" for x in added)]
+            out.append(f"{where}: {' '.join(change) or 'the same items in another order'} now")
+        elif not _same(a, b):
+            out.append(f"{where}: {a!r} then, {b!r} now")
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+        except (TypeError, ValueError):
+            return False
+    return a == b

@@ -9,10 +9,10 @@ A trial diverges (outcome "diverged", exit status 1) when lr > DIVERGE_LR, and f
 "training" (SIGTERM during them: outcome "preempted", exit 0, as the trainer). $FAKE_LEDGER: a file
 that gets one line per run started ("RUN_DIR resume PID" or "RUN_DIR fresh PID"), to count what ran.
 The optimum can be moved with $FAKE_OPT_LR and $FAKE_OPT_GAMMA, and made a power law of the model's
-width and the run's length (tuning across sizes, mars.study.tuning): the optimal lr is
+width and the run's length (tuning across sizes, mars.study.scale): the optimal lr is
     OPT_LR * (n_embd / 32)^-$FAKE_LR_WIDTH_EXPONENT * (max_steps / 4)^-$FAKE_LR_STEPS_EXPONENT  (0, 0 default)
 
-Budgets and sizes (mars.study.budgets): train.max_steps and model.n_embd add a known law,
+Budgets and sizes (mars.study.scale): train.max_steps and model.n_embd add a known law,
     + 3 * ((k * max_steps)^-0.5 - 4^-0.5) + 2 * ((n_embd / 32)^-0.5 - 1)
 (zero at the smoke spec's 4 steps and width 32), with k = $FAKE_SPEEDUP (default 1) for every optimizer
 but adamw: the effective-data speedup of the other arms over adamw is exactly k. train.ckpt_steps writes

@@ -1,4 +1,4 @@
-"""Budgets and sizes in a study (mars.study.budgets) on the fake trainer: one trunk per arm, seed and size
+"""Budgets and sizes in a study (mars.study.scale) on the fake trainer: one trunk per arm, seed and size
 with a cooldown branch per smaller budget, forked at the decay start; resuming redoes only what is
 missing; every bad budget or size is one line before anything runs."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from study_helpers import FakeLauncher, driver_of, run_fake
 
-from mars.study.errors import StudyError
+from mars.errors import StudyError
 
 BASE = ["schedule=wsd", "train.max_steps=32"]
 SIZES = {"s": ["model.n_embd=32"], "m": ["model.n_embd=64"]}

@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import qmc
 from study_helpers import FakeLauncher, driver_of, run_fake, smoke_spec, study_of, trials_of
 
-from mars.study.errors import StudyError
+from mars.errors import StudyError
 
 
 def test_equal_budgets_and_the_same_seed_draws_the_same_trials(tmp_path):
@@ -54,7 +54,7 @@ def test_an_interrupted_study_draws_what_an_uninterrupted_one_does(tmp_path, mon
 
 
 def test_a_trial_left_half_asked_by_a_killed_driver_is_completed_by_the_next(tmp_path):
-    from mars.study.records import study_name
+    from mars.study.storage import study_name
 
     whole = trials_of(run_fake(study_of(tmp_path / "whole")))
     study = study_of(tmp_path / "cut")

@@ -133,7 +133,7 @@ def test_two_drivers_in_two_processes_share_a_study_through_postgres(tmp_path, s
 
 def test_a_login_the_server_refuses_is_one_line_without_the_password(server):
     """(The command line prints a StudyError as its one line: tests/study/test_study_spec.py.)"""
-    from mars.study.errors import StudyError
+    from mars.errors import StudyError
     from mars.study.storage import open_storage
 
     host, port = server

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from study_helpers import smoke_spec, study_of
 
+from mars.errors import StudyError
 from mars.study.cli import main
-from mars.study.errors import StudyError
 from mars.study.spec import check_spec
 
 SEARCH = "study.arms.adamw.search.optimizer.lr"
@@ -246,8 +246,7 @@ def test_a_study_dir_hydra_cannot_read_unquoted_works_and_is_quoted_for_the_tria
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from study_helpers import driver_of
 
-    from mars.study.launchers import LocalLauncher
-    from mars.study.trials import Job
+    from mars.study.trials import Job, LocalLauncher
 
     study = study_of(tmp_path / name)
     driver_of(study)  # every check, the arms composed with run dirs under it
@@ -303,7 +302,7 @@ def test_the_budget_counts_the_finals_that_run(tmp_path):
 
 
 def test_a_metric_key_a_plugin_registers_is_taken(monkeypatch):
-    from mars.study.configs import check_metric_key
+    from mars.study.spec import check_metric_key
     from mars.train import metrics
 
     monkeypatch.setitem(metrics._REGISTERED, "weights", lambda model, optimizer: {"norm": 1.0})

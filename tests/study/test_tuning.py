@@ -1,4 +1,4 @@
-"""Tuning across sizes (study.tune, mars.study.tuning) on the fake trainer, whose optimal lr is a known
+"""Tuning across sizes (study.tune, mars.study.scale) on the fake trainer, whose optimal lr is a known
 power law of the width: each size's search finds it within the search's resolution, the report's fitted
 h*(N) has the known exponent in its interval, and the rule fitted without the held-out size predicts
 that size's optimum inside its interval; h*(N, D) with tune.budgets; every bad tune spec is one line
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from study_helpers import run_fake, smoke_spec, study_of
 
-from mars.study.errors import StudyError
+from mars.errors import StudyError
 from mars.study.spec import check_spec
 
 WIDTHS = (32, 64, 128, 256)

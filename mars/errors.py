@@ -1,4 +1,4 @@
-"""The study's one error: a spec value, a storage, a study dir or a trial that cannot be used."""
+"""The harness's errors a user can act on."""
 
 
 class StudyError(ValueError):

@@ -3,6 +3,7 @@
 import logging
 import os
 import random
+import signal
 
 # Set before anything imports datasets / huggingface_hub / wandb.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,6 +50,20 @@ def restore_logging():
             root.removeHandler(h)
             h.close()
     root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def restore_signal_handlers():
+    """Put back, after every test, the handlers of the signals a run or a launcher handles (SIGINT,
+    SIGTERM, SIGUSR1/2): code a test runs in this process may install its own (the trainer's graceful
+    stop, a launcher's requeue), and one left behind turns the next test's Ctrl-C into a stop request
+    instead of a KeyboardInterrupt, depending on which tests xdist ran before it in that worker."""
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+    before = {s: signal.getsignal(s) for s in sigs}
+    yield
+    for s, handler in before.items():
+        if handler is not None and signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Config value checks, each one line naming the key as the user writes it: "KEY=VALUE must be ...".
 
 Every check takes the key's full name and its value, and raises ValueError. A caller reports it as
-its own error class with `reported_as` (train.py's ConfigError, the data layer's DataConfigError,
-eval's EvalError); the model specs raise the ValueError itself. `get` reads a dotted key from a
+its own error class with `reported_as` (train.py's ConfigError, the data layer's ConfigError,
+eval's UserError); the model specs raise the ValueError itself. `get` reads a dotted key from a
 dataclass, a mapping or an OmegaConf node alike.
 
     with reported_as(ConfigError):

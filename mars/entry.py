@@ -2,7 +2,7 @@
 status, never a traceback (train.py, python -m eval, scripts/prepare_data.py, scripts/export_hf.py,
 scripts/report.py share this module).
 
-Exit statuses (docs/reliability.md):
+Exit statuses (docs/reliability.md; the error classes that carry them: mars/errors.py):
 
     0    done; also a run stopped by SIGTERM / one Ctrl-C after saving its checkpoint
     1    what the command names cannot be used (data, a checkpoint, a busy run dir) or the run failed
@@ -22,13 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-
-
-class UsageError(ValueError):
-    """A mistake on the command line (unknown key or option, bad value); the message names it and the fix."""
+# the exit statuses are mars.errors'; the entry points import them from here too
+from mars.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError  # noqa: F401
 
 
 def fail(message: str, status: int = EXIT_FAILED) -> NoReturn:
@@ -105,7 +100,7 @@ def hydra_value(value: Any, in_list: bool = False) -> str:
 
 def hydra_args(argv: list[str]) -> argparse.Namespace | None:
     """Hydra's reading of a command line; None for its informational modes (--help, --cfg, ...) and for
-    an extra config dir or path, where composing it here could disagree with Hydra. UsageError when it
+    an extra config dir or path, where composing it here could disagree with Hydra. ConfigError when it
     asks for two modes at once (e.g. -m with --cfg)."""
     from hydra._internal.utils import get_args_parser
 
@@ -119,7 +114,7 @@ def hydra_args(argv: list[str]) -> argparse.Namespace | None:
     }
     chosen = [flag for flag, on in modes.items() if on]
     if len(chosen) > 1:  # Hydra would raise a ValueError with a traceback
-        raise UsageError(
+        raise ConfigError(
             f"{' and '.join(chosen)} cannot be given together: Hydra runs one mode at a time (to see the "
             "config of one job of a sweep, give --cfg job with that job's overrides and no -m)"
         )
@@ -156,15 +151,12 @@ def is_composition_error(e: BaseException) -> bool:
 
 def check_hydra_command(config_dir: str | Path, config_name: str, argv: list[str], check=None) -> None:
     """Compose the config of ``argv`` (every job of a -m sweep) as Hydra would, resolve it, and run
-    ``check(cfg)``: raise UsageError with one line for any problem, before Hydra starts."""
+    ``check(cfg)``: raise ConfigError with one line for any problem, before Hydra starts."""
     from hydra import compose, initialize_config_dir
 
-    from mars.plugins import PluginError, load_plugins
+    from mars.plugins import load_plugins
 
-    try:
-        load_plugins()
-    except PluginError as e:
-        raise UsageError(str(e)) from None
+    load_plugins()
     args = hydra_args(argv)
     if args is None:
         return
@@ -178,5 +170,5 @@ def check_hydra_command(config_dir: str | Path, config_name: str, argv: list[str
                     check(cfg)
     except Exception as e:
         if is_composition_error(e):
-            raise UsageError(one_line(e)) from None
+            raise ConfigError(one_line(e)) from None
         raise

@@ -18,7 +18,7 @@ Hydra can know that ``optimizer=my_variant`` exists):
         an installed package's entry point in the group ``mars.plugins``: loaded wherever it is installed.
 
 Each plugin is imported once per process. A plugin that cannot be imported stops the command with one
-line naming it (PluginError; exit status 2 at the command line).
+line naming it (ConfigError; exit status 2 at the command line).
 
 A name is registered once: every registry refuses a second registration of a name with other objects
 (``refuse_takeover``), so a plugin cannot silently replace a built-in optimizer, architecture, data
@@ -34,20 +34,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from mars.errors import ConfigError
+
 ENV = "MARS_PLUGINS"
 ENTRY_POINT_GROUP = "mars.plugins"
 
 _loaded: list[str] = []
 _done = False
-
-
-class PluginError(ValueError):
-    """A plugin named in MARS_PLUGINS (or an entry point) could not be imported; the message says which."""
-
-
-class RegistrationError(ValueError):
-    """A registration a registry refuses: a name registered again with other objects (a plugin taking a
-    built-in's name: one line naming both modules), or what it registers cannot work (its fix named)."""
 
 
 def _code(obj: Any) -> Any:
@@ -74,7 +67,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def refuse_takeover(kind: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-    """RegistrationError unless registering `new` under `name` changes nothing: `old` and `new` map the
+    """ConfigError unless registering `new` under `name` changes nothing: `old` and `new` map the
     same parts ("config", "optimizer", ...) to the same things (``_same``). Otherwise one line naming
     what holds the name, what would replace it, and their modules."""
     differ = [part for part in old if not _same(old[part], new.get(part))]
@@ -91,7 +84,7 @@ def refuse_takeover(kind: str, name: str, old: Mapping[str, Any], new: Mapping[s
         return ", ".join(shown), ", ".join(modules) or "?"
 
     (old_names, old_modules), (new_names, new_modules) = side(old), side(new)
-    raise RegistrationError(
+    raise ConfigError(
         f"{kind} {name!r} is already registered ({old_names}) by {old_modules}; {new_modules} registers "
         f"{new_names} under the same name, which would silently replace it: a plugin cannot take a "
         "built-in's (or another module's) name, so register it under a name of its own"
@@ -111,7 +104,7 @@ def _entry_points() -> list:
 
 def load_plugins() -> list[str]:
     """Import every plugin (entry points of the group mars.plugins, then $MARS_PLUGINS), once per
-    process; returns the module names imported so far. PluginError naming the one that fails."""
+    process; returns the module names imported so far. ConfigError naming the one that fails."""
     global _done
     if _done:
         return list(_loaded)
@@ -125,15 +118,15 @@ def load_plugins() -> list[str]:
             continue
         try:
             importlib.import_module(module)
-        except RegistrationError as e:  # it imports, but registers what a registry refuses
+        except ConfigError as e:  # it imports, but registers what a registry refuses
             _done = False
             sys.modules.pop(module, None)
-            raise PluginError(f"{where}: plugin {module!r} cannot be loaded: {e}") from e
+            raise ConfigError(f"{where}: plugin {module!r} cannot be loaded: {e}") from e
         except Exception as e:  # noqa: BLE001 - any failure of user code is reported as one line
             _done = False
             sys.modules.pop(module, None)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
-            raise PluginError(
+            raise ConfigError(
                 f"{where}: cannot import plugin {module!r} ({reason}); put its directory on PYTHONPATH, "
                 f"fix the module, or drop it from {ENV}"
             ) from e

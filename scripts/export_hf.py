@@ -15,12 +15,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mars.checkpoint import CheckpointError
 from mars.checkpoint.export import export_hf
-from mars.data.errors import DataError
 from mars.entry import EXIT_FAILED, EXIT_USAGE, ArgumentParser
+from mars.errors import CheckpointError, ConfigError, DataError
 from mars.files import nearest_existing, try_create_dir_in
-from mars.plugins import PluginError, load_plugins
+from mars.plugins import load_plugins
 
 
 def _error(message: object, status: int = EXIT_FAILED) -> int:
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         load_plugins()  # a plugin's architecture must be registered before its model.json is read
-    except PluginError as e:
+    except ConfigError as e:
         return _error(e, EXIT_USAGE)
     problem = _check_writable(Path(args.out_dir))
     if problem:

@@ -15,15 +15,15 @@ lines). metrics.jsonl itself is read by mars.metrics_jsonl, shared with the trai
 scipy, matplotlib and PyYAML are needed: no torch.
 """
 
-from mars.analysis.errors import AnalysisError
 from mars.analysis.metric import Metric, metric_of
 from mars.analysis.report import Report, build_report, markdown_table, render_markdown, to_json, write_report
 from mars.analysis.runs import Run, find_run_dirs, load_run, load_runs
 from mars.analysis.significance import Comparison, Welch, compare, holm, welch
 from mars.analysis.stats import PowerLaw, fit_power_law, mean_curve, tokens_to_target
+from mars.errors import UserError
 
 __all__ = [
-    "AnalysisError",
+    "UserError",
     "Comparison",
     "Metric",
     "PowerLaw",

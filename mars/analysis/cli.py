@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mars.analysis.errors import AnalysisError
+from mars.errors import UserError
 
 
 def _fail(e: Exception) -> int:
@@ -22,11 +22,12 @@ def _fail(e: Exception) -> int:
 def _plugins_failed() -> int | None:
     """Import the plugins first (runs may be of a plugin's architecture or optimizer, which labels ask
     for): for one that cannot be imported, its one line and status 2 instead of a traceback later."""
-    from mars.plugins import PluginError, load_plugins
+    from mars.errors import ConfigError
+    from mars.plugins import load_plugins
 
     try:
         load_plugins()
-    except PluginError as e:
+    except ConfigError as e:
         return _fail(e)
     return None
 
@@ -100,7 +101,7 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
         return status
     out = args.out or args.sweep_dirs[0]
     if args.out is not None and args.out.exists() and not args.out.is_dir():
-        return _fail(AnalysisError(f"--out {args.out} is a file: give a directory (created if missing)"))
+        return _fail(UserError(f"--out {args.out} is a file: give a directory (created if missing)"))
     try:
         report = build_report(
             args.sweep_dirs,
@@ -113,10 +114,10 @@ def report_main(argv: Sequence[str] | None = None, description: str | None = Non
         )
         edges = _edge_lines(args.sweep_dirs, report.metric) if args.edges else []
         written = write_report(report, out, [("Edges of the swept ranges", edges)] if edges else [])
-    except AnalysisError as e:
+    except UserError as e:
         return _fail(e)
     except OSError as e:
-        return _fail(AnalysisError(f"cannot write the report into {out} ({e}); choose another --out"))
+        return _fail(UserError(f"cannot write the report into {out} ({e}); choose another --out"))
     print("\n".join(header_lines(report)))
     print()
     print(markdown_table(report))
@@ -176,12 +177,12 @@ def summarize_main(argv: Sequence[str] | None = None, description: str | None = 
         return status
     root = args.multirun_dir
     if not root.is_dir():
-        return _fail(AnalysisError(f"{root} is not a directory"))
+        return _fail(UserError(f"{root} is not a directory"))
     try:
         legacy = args.metric in COLUMNS[:2]
         metric = metric_of("val/loss" if legacy else args.metric, args.direction)
         swept, rows = summarize(root, metric)
-    except AnalysisError as e:
+    except UserError as e:
         return _fail(e)
     print(format_table(swept, rows, metric))
     csv_path = args.csv or root / "summary.csv"
@@ -254,12 +255,12 @@ def plot_curves_main(argv: Sequence[str] | None = None, description: str | None 
         if path.is_dir() and not (path / METRICS).is_file():  # a sweep dir: its runs
             runs = [r for r in find_run_dirs(path) if (r / METRICS).is_file()]
             if not runs:
-                return _fail(AnalysisError(f"{path} holds no run dirs (no metrics.jsonl at or under it)"))
+                return _fail(UserError(f"{path} holds no run dirs (no metrics.jsonl at or under it)"))
             inputs += runs
         elif path.is_dir() or (path.suffix == ".csv" and path.is_file()):
             inputs.append(path)
         else:
-            return _fail(AnalysisError(f"{path} is neither a run dir, a sweep dir nor a .csv file"))
+            return _fail(UserError(f"{path} is neither a run dir, a sweep dir nor a .csv file"))
     try:
         metrics = [metric_of(k, args.direction) for k in (args.metric or DEFAULT_PANELS)]
         dirs = [path for path in inputs if path.is_dir()]
@@ -278,14 +279,14 @@ def plot_curves_main(argv: Sequence[str] | None = None, description: str | None 
         for m in metrics if args.metric else ():  # the default panels may stay empty (no evaluation yet)
             if not any(m.key in r.metrics for r in runs):
                 logged = sorted({k for r in runs for k in r.metrics})
-                raise AnalysisError(f"no input logged {m.key} (logged: {', '.join(logged) or 'nothing'})")
-    except AnalysisError as e:
+                raise UserError(f"no input logged {m.key} (logged: {', '.join(logged) or 'nothing'})")
+    except UserError as e:
         return _fail(e)
     disambiguate(run_dirs, dirs)
     legend_title = None if has_csv else common or None
     if args.labels:
         if len(args.labels) != len(runs):
-            return _fail(AnalysisError(f"{len(args.labels)} labels for {len(runs)} curves"))
+            return _fail(UserError(f"{len(args.labels)} labels for {len(runs)} curves"))
         for r, text in zip(runs, args.labels, strict=True):
             r.label = text
         legend_title = None

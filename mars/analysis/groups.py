@@ -27,11 +27,11 @@ from typing import Any
 
 import yaml
 
-from mars.analysis.errors import AnalysisError
 from mars.analysis.labels import Column, Item, cell, format_value, item_of, number_text
 from mars.analysis.metric import Metric
 from mars.analysis.runs import Run
 from mars.analysis.settings import canonical, comparability_keys, with_defaults
+from mars.errors import UserError
 
 
 @dataclass
@@ -221,7 +221,7 @@ def check_comparable(runs: Sequence[Run]) -> None:
             + (f"({_list_runs(rs)})" if same_place else f"under {place}")
             for rs, place in zip(ordered, places, strict=True)
         ]
-        raise AnalysisError(
+        raise UserError(
             f"runs differ in {key} ({', '.join(parts)}): report them separately "
             f"(or sweep {key} in one multirun to compare them)"
         )
@@ -236,9 +236,7 @@ def parse_baseline(specs: Sequence[str]) -> list[tuple[str, str]]:
         key, sep, value = spec.partition("=")
         key = key.strip()
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
-            raise AnalysisError(
-                f"--baseline {spec!r} is not KEY=VALUE (e.g. --baseline optimizer.name=adamw)"
-            )
+            raise UserError(f"--baseline {spec!r} is not KEY=VALUE (e.g. --baseline optimizer.name=adamw)")
         pairs.append((key, value.strip()))
     return pairs
 
@@ -314,7 +312,7 @@ def select_baseline(
     pairs = parse_baseline(specs)
     for key, _ in pairs:
         if not any(_value_of(g, key)[0] for g in groups):
-            raise AnalysisError(
+            raise UserError(
                 f"--baseline key {key} is in no run's config or overrides "
                 f"(keys that differ between the groups: {', '.join(c.key for c in columns) or 'none'})"
             )
@@ -322,7 +320,7 @@ def select_baseline(
     given = " ".join(f"{k}={v}" for k, v in pairs)
     if not matched:
         available = "; ".join(f"{k} takes {', '.join(_values(groups, k))}" for k, _ in pairs)
-        raise AnalysisError(f"--baseline {given} matches no group ({available})")
+        raise UserError(f"--baseline {given} matches no group ({available})")
     if len(matched) > 1 and best:
         sign = -1.0 if metric.higher_is_better else 1.0
         score = [
@@ -342,7 +340,7 @@ def select_baseline(
             if len(values) > 1:
                 hint = f", e.g. --baseline {key}={values[0]} ({key} takes {', '.join(values)} among them)"
                 break
-        raise AnalysisError(
+        raise UserError(
             f"--baseline {given} matches {len(matched)} groups ({'; '.join(labels[i] for i in matched)}): "
             f"add another --baseline KEY=VALUE{hint}, or --best to take the best of them"
         )

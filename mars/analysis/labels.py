@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mars.analysis.errors import AnalysisError
 from mars.analysis.paper import paper_entry
 from mars.analysis.runs import METRICS, Run, load_run
 from mars.analysis.settings import (
@@ -30,6 +29,7 @@ from mars.analysis.settings import (
     override_settings,
     settings_of,
 )
+from mars.errors import UserError
 
 OPT_NAMES = {
     "adamw": "AdamW", "lion": "Lion", "muon": "Muon", "moonlight": "Moonlight", "mars_adamw": "MARS-AdamW",
@@ -308,7 +308,7 @@ def read_run(run_dir: Path) -> Run:
     """A run dir with its metrics, labelled on its own (describe); one line of error without a
     metrics.jsonl."""
     if not (run_dir / METRICS).is_file():
-        raise AnalysisError(f"{run_dir / METRICS} not found (expected a run dir written by train.py)")
+        raise UserError(f"{run_dir / METRICS} not found (expected a run dir written by train.py)")
     run = load_run(run_dir)
     run.label = describe(run.config)[0]
     return run

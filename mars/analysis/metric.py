@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from mars.analysis.errors import AnalysisError
+from mars.errors import UserError
 
 LOWER, HIGHER = "lower", "higher"
 
@@ -95,11 +95,11 @@ def direction_by_name(key: str) -> tuple[str, str]:
 def metric_of(key: str, direction: str | None = None) -> Metric:
     """The Metric of a key; `direction` ("lower" / "higher", from --direction) overrides the rules."""
     if not key or key != key.strip():
-        raise AnalysisError(f"--metric {key!r} is not a metrics.jsonl key (e.g. --metric val/loss)")
+        raise UserError(f"--metric {key!r} is not a metrics.jsonl key (e.g. --metric val/loss)")
     if direction is None:
         direction, why = direction_by_name(key)
     elif direction in (LOWER, HIGHER):
         why = "--direction"
     else:
-        raise AnalysisError(f"--direction {direction!r} is neither {LOWER} nor {HIGHER}")
+        raise UserError(f"--direction {direction!r} is neither {LOWER} nor {HIGHER}")
     return Metric(key, direction == HIGHER, why)

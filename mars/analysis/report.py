@@ -1,6 +1,6 @@
 """A research report over one or more sweeps: per setting, seeds pooled, compared to a baseline.
 
-build_report() does the reading, grouping and statistics (raising AnalysisError on bad input);
+build_report() does the reading, grouping and statistics (raising UserError on bad input);
 markdown_table() / comparison_table() / render_markdown() / to_json() present it; write_report()
 writes report.md, report.json and the figures. Every number is about one metric of metrics.jsonl
 (--metric, default val/loss), better in the direction mars.analysis.metric decides. Definitions
@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mars.analysis.errors import AnalysisError
 from mars.analysis.groups import (
     Group,
     at_sweep_length,
@@ -63,13 +62,8 @@ from mars.analysis.plots import GroupCurves, heatmap, plot_groups
 from mars.analysis.runs import Run, load_runs, require_metric
 from mars.analysis.significance import ALPHA, LEVEL, MAX_SEEDS, POWER, Comparison, Welch, compare, holm, welch
 from mars.analysis.speedups import Speedups
-from mars.analysis.stats import (
-    Band,
-    PowerLaw,
-    mean_curve,
-    mean_std,
-    tokens_to_target,
-)
+from mars.analysis.stats import Band, PowerLaw, mean_curve, mean_std, tokens_to_target
+from mars.errors import UserError
 from mars.files import write_atomic
 from mars.metrics_jsonl import jsonable
 
@@ -175,7 +169,7 @@ def build_report(
     direction: str | None = None,
     paired: bool = True,
 ) -> Report:
-    """Read, check, group and compare the runs under `roots`; AnalysisError on bad input.
+    """Read, check, group and compare the runs under `roots`; UserError on bad input.
 
     metric: the metrics.jsonl key compared; direction: "lower" / "higher" to override which way it
     is better (mars.analysis.metric); paired=False: Welch's test and unpaired intervals everywhere.
@@ -183,7 +177,7 @@ def build_report(
     parse_baseline(baseline)  # a malformed --baseline fails before anything is read
     m = metric_of(metric, direction)
     if target is not None and not math.isfinite(target):
-        raise AnalysisError(
+        raise UserError(
             f"--target {target} is not a finite number: give the value to reach, e.g. --target 3.28, or "
             "leave it out (the baseline's mean final value; for time to target its median)"
         )
@@ -205,9 +199,7 @@ def build_report(
     if target is None:
         target_note = f"the baseline's mean final {m.title}"
         if not math.isfinite(target_value):
-            raise AnalysisError(
-                f"the baseline's final {m.title} is not finite (diverged?): pass --target VALUE"
-            )
+            raise UserError(f"the baseline's final {m.title} is not finite (diverged?): pass --target VALUE")
     else:
         target_note = "--target"
     fit = speedups.fit(base_runs)

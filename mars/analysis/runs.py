@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from mars.analysis.errors import AnalysisError
+from mars.errors import UserError
 from mars.metrics_jsonl import METRICS_FILE as METRICS
 from mars.metrics_jsonl import CorruptLineError, read_metrics, to_float
 
@@ -73,7 +73,7 @@ def _load_yaml(path: Path) -> Any:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         problem = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise AnalysisError(f"{path} is not valid YAML ({problem}): repair or remove that run dir") from None
+        raise UserError(f"{path} is not valid YAML ({problem}): repair or remove that run dir") from None
 
 
 def read_config(run_dir: Path) -> dict:
@@ -83,7 +83,7 @@ def read_config(run_dir: Path) -> dict:
         if path.is_file():
             cfg = _load_yaml(path) or {}
             if not isinstance(cfg, dict):
-                raise AnalysisError(f"{path} does not hold a config mapping: repair or remove that run dir")
+                raise UserError(f"{path} does not hold a config mapping: repair or remove that run dir")
             return cfg
     return {}
 
@@ -164,7 +164,7 @@ class Run:
             return []
         try:
             run = load_run(parent)
-        except AnalysisError:
+        except UserError:
             return []
         step = float(info["step"])
         return [(p.tokens, p.seconds, p.value) for p in run.metrics.get(key, ()) if p.step <= step]
@@ -232,7 +232,7 @@ def load_run(path: Path, sweep: Path | None = None, with_metrics: bool = True) -
     run.lineage = read_lineage(path)
     step = (run.lineage or {}).get("step", 0)
     if not isinstance(step, int) or isinstance(step, bool):
-        raise AnalysisError(
+        raise UserError(
             f'{path / LINEAGE_FILE}: "step" is {step!r}, not a step number (the file was edited or damaged): '
             "repair it (the parent's step the run began after) or delete it (the run then shows no parent)"
         )
@@ -243,7 +243,7 @@ def load_run(path: Path, sweep: Path | None = None, with_metrics: bool = True) -
     try:
         records = read_metrics(metrics)
     except CorruptLineError as e:
-        raise AnalysisError(str(e)) from None
+        raise UserError(str(e)) from None
     for rec in records:
         tokens = to_float(rec.get("tokens"))
         if tokens is None:
@@ -270,10 +270,10 @@ def load_runs(roots: list[Path]) -> list[Run]:
     seen: set[Path] = set()
     for root in roots:
         if not root.is_dir():
-            raise AnalysisError(f"{root} is not a directory (give a sweep dir or a run dir)")
+            raise UserError(f"{root} is not a directory (give a sweep dir or a run dir)")
         dirs = find_run_dirs(root)
         if not dirs:
-            raise AnalysisError(
+            raise UserError(
                 f"no run dirs under {root} (a run dir holds .hydra/config.yaml, as train.py writes it)"
             )
         for path in dirs:
@@ -290,7 +290,7 @@ def require_metric(runs: list[Run], key: str = "val/loss") -> None:
     """Every run must have logged the metric: name the ones that did not, and why."""
     if runs and all(r.has_metrics for r in runs) and not any(key in r.metrics for r in runs):
         logged = sorted({k for r in runs for k in r.metrics})
-        raise AnalysisError(
+        raise UserError(
             f"no run logged {key} (logged: {', '.join(logged) or 'nothing'}): choose one with --metric KEY"
         )
     bad = [
@@ -300,7 +300,7 @@ def require_metric(runs: list[Run], key: str = "val/loss") -> None:
     ]
     if bad:
         what = "validation loss" if key == "val/loss" else key
-        raise AnalysisError(
+        raise UserError(
             f"{len(bad)} run(s) without {what}: {', '.join(bad)}; "
             "let them finish an evaluation or move them out of the dirs given"
         )

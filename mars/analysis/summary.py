@@ -12,11 +12,11 @@ import csv
 import math
 from pathlib import Path
 
-from mars.analysis.errors import AnalysisError
 from mars.analysis.groups import value_key
 from mars.analysis.metric import Metric, metric_of
 from mars.analysis.plots import heatmap
 from mars.analysis.runs import Run, find_run_dirs, load_run
+from mars.errors import UserError
 
 COLUMNS = ("final_val_loss", "best_val_loss", "final_train_loss", "steps", "tokens")
 VAL_LOSS = metric_of("val/loss")
@@ -53,12 +53,10 @@ def summarize(root: Path, metric: Metric | None = None) -> tuple[list[str], list
     """(swept keys, one row per job): the override keys whose value differs between jobs, and the losses."""
     jobs = [load_run(path, root) for path in find_run_dirs(root)]
     if not jobs:
-        raise AnalysisError(f"no Hydra job dirs (with .hydra/config.yaml) under {root}")
+        raise UserError(f"no Hydra job dirs (with .hydra/config.yaml) under {root}")
     if metric_columns(metric) and not any(metric.key in job.metrics for job in jobs):
         logged = sorted({k for job in jobs for k in job.metrics})
-        raise AnalysisError(
-            f"no job under {root} logged {metric.key} (logged: {', '.join(logged) or 'nothing'})"
-        )
+        raise UserError(f"no job under {root} logged {metric.key} (logged: {', '.join(logged) or 'nothing'})")
     keys = sorted({k for job in jobs for k in job.overrides})
     swept = [k for k in keys if len({job.overrides.get(k) for job in jobs}) > 1]
     rows = [

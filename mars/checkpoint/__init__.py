@@ -22,9 +22,6 @@ import importlib
 from mars.checkpoint.layout import (
     CKPT_DIR,
     SHARDED_DIR,
-    CheckpointError,
-    CheckpointMismatchError,
-    CheckpointNotFoundError,
     checkpoint_format,
     find_checkpoint,
     latest_checkpoint,
@@ -35,9 +32,10 @@ from mars.checkpoint.layout import (
     step_dirname,
     step_of,
 )
+from mars.errors import CheckpointError
 
 _LAZY = {
-    "DiskFullError": "mars.checkpoint.files",
+    "CheckpointError": "mars.checkpoint.files",
     "export_hf": "mars.checkpoint.export",
     "save_checkpoint": "mars.checkpoint.save",
     "rotate": "mars.checkpoint.save",
@@ -62,8 +60,8 @@ __all__ = [
     "CKPT_DIR",
     "SHARDED_DIR",
     "CheckpointError",
-    "CheckpointMismatchError",
-    "CheckpointNotFoundError",
+    "CheckpointError",
+    "CheckpointError",
     "checkpoint_format",
     "find_checkpoint",
     "latest_checkpoint",

@@ -29,7 +29,8 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 
-from mars.checkpoint.layout import CHECKSUMS, META, CheckpointError, read_json_object
+from mars.checkpoint.layout import CHECKSUMS, META, read_json_object
+from mars.errors import CheckpointError
 
 ALGORITHM = "xxh3_128"
 CHUNK = 16 << 20  # bytes per read

@@ -8,13 +8,9 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from mars.checkpoint.layout import CheckpointError
+from mars.errors import CheckpointError
 
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-
-
-class DiskFullError(CheckpointError):
-    """The disk (or quota) filled up while writing a checkpoint; the partial copy was removed."""
 
 
 def is_disk_full(err: BaseException) -> bool:
@@ -30,7 +26,7 @@ def is_disk_full(err: BaseException) -> bool:
 @contextmanager
 def disk_full_as_error(what: Path, cleanup=None):
     """On an error while writing `what`, call `cleanup` (remove the partial copy); an out-of-space error
-    becomes DiskFullError. An interrupt (KeyboardInterrupt) passes untouched: the next save clears the
+    becomes CheckpointError. An interrupt (KeyboardInterrupt) passes untouched: the next save clears the
     leftover, like one left by a kill."""
     try:
         yield
@@ -38,7 +34,7 @@ def disk_full_as_error(what: Path, cleanup=None):
         if cleanup is not None:
             cleanup()
         if is_disk_full(e):
-            raise DiskFullError(
+            raise CheckpointError(
                 f"no space left on the device while writing {what}: the partial checkpoint was removed and "
                 "the previous checkpoint is intact; free disk space, then continue with train.resume=auto"
             ) from e

@@ -32,6 +32,8 @@ import re
 import time
 from pathlib import Path
 
+from mars.errors import CheckpointError
+
 CKPT_DIR = "ckpt"
 STEP_RE = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
@@ -47,18 +49,6 @@ FORMATS = ("full", "sharded")
 REPLACED_PREFIX = "replaced-"
 
 USAGE = "pass a run directory, its ckpt/ directory, or one ckpt/step_XXXXXXXX directory"
-
-
-class CheckpointError(Exception):
-    """A checkpoint is missing, unreadable, corrupt, or cannot continue this run; the message says why."""
-
-
-class CheckpointNotFoundError(CheckpointError):
-    """No (complete) checkpoint at the given path."""
-
-
-class CheckpointMismatchError(CheckpointError):
-    """A readable checkpoint that cannot continue this config (other model, optimizer, data, ...)."""
 
 
 def step_dirname(step: int) -> str:
@@ -105,7 +95,7 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     with a hint."""
     p = Path(path)
     if not p.exists():
-        raise CheckpointNotFoundError(f"{p} does not exist: {USAGE}")
+        raise CheckpointError(f"{p} does not exist: {USAGE}")
     if p.is_file():
         if p.name == MODEL_WEIGHTS:
             return p.parent
@@ -129,7 +119,7 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
         if incomplete
         else ""
     )
-    raise CheckpointNotFoundError(
+    raise CheckpointError(
         f"no checkpoint in {p}: looked for {p / MODEL_WEIGHTS}, {p / CKPT_DIR}/step_XXXXXXXX/ and "
         f"{p}/step_XXXXXXXX/ holding {META}{hint}"
     )

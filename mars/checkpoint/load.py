@@ -18,8 +18,6 @@ from mars.checkpoint.layout import (
     MODEL_WEIGHTS,
     RUN_CONFIG,
     SHARDED_DIR,
-    CheckpointError,
-    CheckpointMismatchError,
     checkpoint_format,
     find_checkpoint,
     read_json_object,
@@ -35,6 +33,7 @@ from mars.checkpoint.model_dir import (
 )
 from mars.checkpoint.state import load_train_state
 from mars.checks import get
+from mars.errors import CheckpointError
 from mars.model.lm import copy_full_, unwrap_model
 from mars.model.spec import arch_of, spec_for
 
@@ -56,14 +55,14 @@ def read_run_config(step_dir: str | os.PathLike) -> dict:
 
 
 def check_model_shape(step_dir: str | os.PathLike, model_cfg: Any) -> None:
-    """CheckpointMismatchError when the checkpoint's model.json holds another architecture, or disagrees
+    """CheckpointError when the checkpoint's model.json holds another architecture, or disagrees
     with the config on a key of the architecture's spec.shape_keys."""
     path = Path(step_dir) / MODEL_CONFIG
     saved = read_json_object(path)
     saved = saved.get("config", saved)  # tolerate a {"config": {...}} wrapper
     theirs, ours = saved_arch(saved), arch_of(model_cfg)
     if theirs != ours:
-        raise CheckpointMismatchError(
+        raise CheckpointError(
             f"checkpoint {step_dir} holds a model.arch={theirs} model, but the config asks for model.arch="
             f"{ours}: resume it with a model={theirs}_* preset, or start a new run dir"
         )
@@ -73,7 +72,7 @@ def check_model_shape(step_dir: str | os.PathLike, model_cfg: Any) -> None:
         if k in saved and saved[k] != get(model_cfg, k)
     ]
     if diffs:
-        raise CheckpointMismatchError(
+        raise CheckpointError(
             f"checkpoint {step_dir} holds a different model: {', '.join(diffs)}; resume it with the same "
             "model settings, or start a new run dir"
         )

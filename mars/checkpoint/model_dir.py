@@ -19,13 +19,8 @@ import torch.nn as nn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from mars.checkpoint.layout import (
-    AVERAGE_WEIGHTS,
-    MODEL_CONFIG,
-    MODEL_WEIGHTS,
-    CheckpointError,
-    read_json_object,
-)
+from mars.checkpoint.layout import AVERAGE_WEIGHTS, MODEL_CONFIG, MODEL_WEIGHTS, read_json_object
+from mars.errors import CheckpointError
 from mars.files import write_atomic
 from mars.model.lm import copy_full_, unwrap_model
 from mars.model.spec import DEFAULT_ARCH, ModelSpec, arch, arch_names, check_values, model_config, spec_of
@@ -92,7 +87,7 @@ def read_model_config(file: Path):
     reported against the file."""
     raw = read_json_object(file)
     name = saved_arch(raw)
-    if name not in arch_names():  # (a plugin that cannot be imported is its own one line: PluginError)
+    if name not in arch_names():  # (a plugin that cannot be imported is its own one line: ConfigError)
         from mars.plugins import ENV, plugin_names
 
         now = f"{ENV}={','.join(plugin_names())}" if plugin_names() else f"{ENV} is not set"

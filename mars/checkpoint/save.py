@@ -7,7 +7,7 @@ Protocol of one save (STEP_DIR = RUN_DIR/ckpt/step_XXXXXXXX):
   3. rename it to its final name and fsync ckpt/, so the rename survives a crash;
   4. rotate: keep the newest `keep_last` complete checkpoints and the newest healthy one.
 A kill at any point leaves the previous checkpoint as the latest complete one. A full disk removes the
-partial copy and raises DiskFullError (one line). Non-finite weights are never written.
+partial copy and raises CheckpointError (one line). Non-finite weights are never written.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from mars.checkpoint.layout import (
     SHARDED_DIR,
     TMP_PREFIX,
     TRAIN_STATE,
-    CheckpointError,
     list_checkpoints,
     read_meta,
     step_dirname,
 )
 from mars.checkpoint.model_dir import AVERAGE_PREFIX, save_average, save_model, save_model_config
+from mars.errors import CheckpointError
 from mars.files import fsync_dir, fsync_file, fsync_tree, write_atomic
 
 

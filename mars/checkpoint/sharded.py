@@ -27,7 +27,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
 from mars.checkpoint.files import load_error_reason
-from mars.checkpoint.layout import CheckpointError
+from mars.errors import CheckpointError
 
 _METADATA_FILE = ".metadata"
 _DCP_METADATA_MODULE = "torch.distributed.checkpoint.metadata"

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from mars.checkpoint.files import load_error_reason
-from mars.checkpoint.layout import TRAIN_STATE, CheckpointError
+from mars.checkpoint.layout import TRAIN_STATE
+from mars.errors import CheckpointError
 
 
 def rng_state() -> dict:

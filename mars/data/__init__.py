@@ -10,17 +10,9 @@ from __future__ import annotations
 import importlib
 
 from mars.data.config import DataConfig
-from mars.data.errors import (
-    DamagedShardError,
-    DataError,
-    DataNotPreparedError,
-    ManifestError,
-    ShardError,
-    SourceChangedError,
-    SourceError,
-)
 from mars.data.registry import register_source, source_names
 from mars.data.tokenizer import EOT_ID, VOCAB_SIZE, get_hf_tokenizer, get_tokenizer
+from mars.errors import DamagedShardError, DataError, ManifestError, SourceChangedError
 
 _LAZY = {
     "Source": "mars.data.sources",
@@ -41,11 +33,11 @@ __all__ = [
     "DamagedShardError",
     "DataConfig",
     "DataError",
-    "DataNotPreparedError",
+    "DataError",
     "ManifestError",
-    "ShardError",
+    "ManifestError",
     "SourceChangedError",
-    "SourceError",
+    "DataError",
     "get_hf_tokenizer",
     "get_tokenizer",
     "register_source",

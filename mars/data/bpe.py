@@ -27,17 +27,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mars.data.errors import TokenizerError
+from mars.errors import DataError
 
 NAME_RE = re.compile(r"^embedded-bpe-(\d+)$")
 EOT = "<|endoftext|>"
 RECIPE = "bpe.json"
 CORPUS_SEED = 1337  # data.seed's default: the embedded corpus' document order
 MIN_VOCAB = 257 + 64  # the end-of-text token, 256 bytes, and some merges
-
-
-class BpeError(TokenizerError):
-    """A BPE vocabulary that cannot be trained or used; the message names it and the fix."""
 
 
 def train_bpe(texts: list[str], vocab_size: int, out_dir: Path) -> Path:
@@ -47,7 +43,7 @@ def train_bpe(texts: list[str], vocab_size: int, out_dir: Path) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < MIN_VOCAB:
-        raise BpeError(f"a byte-level BPE needs at least {MIN_VOCAB} tokens (asked for {vocab_size})")
+        raise DataError(f"a byte-level BPE needs at least {MIN_VOCAB} tokens (asked for {vocab_size})")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -81,7 +77,7 @@ def builtin_dir(name: str) -> Path | None:
         return None
     vocab_size = int(m.group(1))
     if vocab_size < MIN_VOCAB or vocab_size > 1 << 16:
-        raise BpeError(
+        raise DataError(
             f"data.tokenizer={name}: the vocabulary size must lie in [{MIN_VOCAB}, 65536] "
             "(e.g. embedded-bpe-4096)"
         )
@@ -119,7 +115,7 @@ def _train_once(name: str, vocab_size: int, out: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         lock = open(out.parent / f".{name}.lock", "w")
     except OSError as e:
-        raise BpeError(
+        raise DataError(
             f"data.tokenizer={name}: cannot create {out} ({e.strerror or e}); train it where you can write "
             f"with mars.data.bpe.train_bpe and pass its directory as data.tokenizer"
         ) from None
@@ -146,13 +142,13 @@ def _check_recipe(name: str, out: Path) -> None:
     try:
         recipe = json.loads((out / RECIPE).read_text())
     except (OSError, ValueError) as e:
-        raise BpeError(
+        raise DataError(
             f"data.tokenizer={name}: {out / RECIPE} cannot be read ({e}); move {out} aside (it is then "
             "trained again)"
         ) from None
     here = ".".join(map(str, sys.version_info[:3]))
     if recipe.get("python") != here:
-        raise BpeError(
+        raise DataError(
             f"data.tokenizer={name}: {out} was trained on the embedded corpus of Python "
             f"{recipe.get('python')}, this is Python {here} (another corpus): move {out} aside and it is "
             "trained again on first use"

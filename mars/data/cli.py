@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from mars.data.config import DataConfig
-from mars.data.errors import DataError
+from mars.errors import DataError
 
 # configs/ of the checkout this package runs from, whatever the current directory.
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -66,10 +66,9 @@ def main() -> None:
     line and exit status 2, as for every command of the harness."""
     import hydra
 
-    from mars.data.errors import DataConfigError
-    from mars.entry import EXIT_USAGE, UsageError, check_hydra_command
+    from mars.entry import EXIT_USAGE, check_hydra_command
     from mars.entry import fail as fail_with
-    from mars.plugins import PluginError
+    from mars.errors import ConfigError
 
     if not (CONFIG_DIR / "prepare.yaml").is_file():
         fail_with(
@@ -82,7 +81,7 @@ def main() -> None:
 
         store_config_options(CONFIG_DIR)  # data=NAME for a source a plugin registered without a YAML
         check_hydra_command(CONFIG_DIR, "prepare", sys.argv[1:], check=_check)
-    except (UsageError, DataConfigError, PluginError) as e:
+    except ConfigError as e:
         fail_with(str(e), EXIT_USAGE)
     hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="prepare")(run)()
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from mars.data.errors import ManifestError
 from mars.data.layout import DTYPE, read_json, write_json
+from mars.errors import ManifestError
 
 VERIFIED = ".verified.json"
 HASH_CHUNK = 1 << 23  # tokens per read while hashing (16 MiB)

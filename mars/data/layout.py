@@ -26,8 +26,8 @@ from typing import Any
 
 from mars.data.config import GPT2_TOKENIZER as GPT2
 from mars.data.config import DataConfig
-from mars.data.errors import DataError, ManifestError, SourceError
 from mars.entry import hydra_value as _hydra_value
+from mars.errors import DataError, ManifestError
 from mars.files import project_root, write_atomic
 
 FORMAT_VERSION = 1
@@ -72,11 +72,11 @@ def as_data_config(cfg: Any) -> DataConfig:
 
         cfg = OmegaConf.to_container(cfg, resolve=True)
     if not isinstance(cfg, dict):
-        raise SourceError(f"expected a data config (DataConfig or mapping), got {type(cfg).__name__}")
+        raise DataError(f"expected a data config (DataConfig or mapping), got {type(cfg).__name__}")
     known = {f.name for f in dataclasses.fields(DataConfig)}
     unknown = sorted(set(cfg) - known)
     if unknown:
-        raise SourceError(f"unknown data config keys {unknown}; known keys: {sorted(known)}")
+        raise DataError(f"unknown data config keys {unknown}; known keys: {sorted(known)}")
     return DataConfig(**cfg)
 
 

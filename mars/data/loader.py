@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mars.data.errors import DataError
 from mars.data.split import mix64
+from mars.errors import DataError
 
 
 def _name(array: np.ndarray, index: int, split: str) -> str:

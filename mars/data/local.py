@@ -27,8 +27,8 @@ from typing import IO, Any
 
 from mars.checks import choice, reported_as
 from mars.data.config import FORMATS, SAMPLE_BY, DataConfig
-from mars.data.errors import SourceError
 from mars.data.sources import BATCH_CHARS, BATCH_DOCS, Source, json_type, one_line
+from mars.errors import DataError
 
 _PARAGRAPH_CHUNK = 8 << 20  # characters read at a time when splitting a text file into paragraphs
 _SUFFIX_FORMAT = {
@@ -66,7 +66,7 @@ _BOM = b"\xef\xbb\xbf"
 def resolve_paths(patterns: list[str]) -> list[Path]:
     """Files named by ``patterns`` (paths or globs, ``**`` allowed), in the given order, each glob sorted."""
     if not patterns:
-        raise SourceError(
+        raise DataError(
             "data.paths is empty: the local source needs files, e.g. data.paths=[my_corpus/*.jsonl]"
         )
     files: list[Path] = []
@@ -75,12 +75,12 @@ def resolve_paths(patterns: list[str]) -> list[Path]:
         if glob.has_magic(pattern):
             matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not matches:
-                raise SourceError(f"data.paths pattern {pattern!r} matches no files")
+                raise DataError(f"data.paths pattern {pattern!r} matches no files")
             files.extend(Path(m) for m in matches)
         elif os.path.isfile(pattern):
             files.append(Path(pattern))
         else:
-            raise SourceError(f"data.paths: file {pattern!r} does not exist")
+            raise DataError(f"data.paths: file {pattern!r} does not exist")
     seen: set[Path] = set()
     unique = [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
     return unique
@@ -98,7 +98,7 @@ def infer_format(path: Path) -> str:
         name = name[: -len(suffix)]
     fmt = _SUFFIX_FORMAT.get(Path(name).suffix)
     if fmt is None:
-        raise SourceError(
+        raise DataError(
             f"{path}: cannot tell the format from the suffix {Path(name).suffix!r}; "
             f"set data.format to one of text, jsonl, parquet"
         )
@@ -127,13 +127,11 @@ def open_binary(path: Path) -> IO[bytes]:
 
         return lz4.frame.open(path, "rb")
     except ImportError as e:
-        raise SourceError(
+        raise DataError(
             f"{path}: reading {suffix} files needs the {package} package: pip install {package}"
         ) from e
     except OSError as e:
-        raise SourceError(
-            f"{path}: cannot be opened ({one_line(e)}); check that it is a readable file"
-        ) from e
+        raise DataError(f"{path}: cannot be opened ({one_line(e)}); check that it is a readable file") from e
 
 
 def _read_errors() -> tuple[type[BaseException], ...]:
@@ -197,18 +195,18 @@ class LocalSource(Source):
     def from_config(cls, cfg: DataConfig) -> LocalSource:
         files = resolve_paths(list(cfg.paths))
         if cfg.format is not None:
-            with reported_as(SourceError):
+            with reported_as(DataError):
                 choice("data.format", cfg.format, FORMATS)
             fmt = cfg.format
         else:
             formats = {f: infer_format(f) for f in files}
             if len(set(formats.values())) > 1:
                 listing = ", ".join(f"{f} ({fmt})" for f, fmt in formats.items())
-                raise SourceError(
+                raise DataError(
                     f"data.paths mixes formats: {listing}. Prepare each format into its own data.dir."
                 )
             fmt = next(iter(formats.values()))
-        with reported_as(SourceError):
+        with reported_as(DataError):
             choice("data.text_sample_by", cfg.text_sample_by, SAMPLE_BY)
         source = cls(
             list(cfg.paths),
@@ -274,7 +272,7 @@ class LocalSource(Source):
         except _read_errors() as e:
             raise self._unreadable(path, e) from e
         if first is not None:
-            raise SourceError(
+            raise DataError(
                 f"{path}: records have no field {self.text_field!r} (fields: {sorted(first)}). "
                 f"Set data.text_field to the field that holds the text."
             )
@@ -285,7 +283,7 @@ class LocalSource(Source):
         try:
             return pq.ParquetFile(path)
         except Exception as e:  # pyarrow reports a damaged footer in several exception types
-            raise SourceError(
+            raise DataError(
                 f"{path}: not a readable parquet file ({one_line(e)}); "
                 f"re-create it or remove it from data.paths"
             ) from e
@@ -296,7 +294,7 @@ class LocalSource(Source):
         schema = self._parquet_file(path).schema_arrow
         names = schema.names
         if self.text_field not in names:
-            raise SourceError(
+            raise DataError(
                 f"{path}: parquet columns {names} do not include {self.text_field!r}. "
                 f"Set data.text_field to the column that holds the text."
             )
@@ -304,13 +302,13 @@ class LocalSource(Source):
         if pa.types.is_dictionary(kind):
             kind = kind.value_type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"):
-            raise SourceError(
+            raise DataError(
                 f"{path}: parquet column {self.text_field!r} holds {kind}, not text. "
                 f"Set data.text_field to the column that holds the text."
             )
 
-    def _unreadable(self, path: Path, error: BaseException) -> SourceError:
-        return SourceError(
+    def _unreadable(self, path: Path, error: BaseException) -> DataError:
+        return DataError(
             f"{path}: cannot be read ({type(error).__name__}: {one_line(error)}): it is damaged or not what "
             f"its suffix says; re-create it or remove it from data.paths"
         )
@@ -420,17 +418,17 @@ class LocalSource(Source):
             items = json.loads(data.decode("utf-8"))
         except UnicodeDecodeError as e:
             line = data.count(b"\n", 0, e.start) + 1
-            raise SourceError(
+            raise DataError(
                 f"{path} line {line}: not UTF-8 (byte 0x{data[e.start]:02x}); "
                 f"convert the file to UTF-8 or remove it from data.paths"
             ) from e
         except json.JSONDecodeError as e:
-            raise SourceError(
+            raise DataError(
                 f"{path} line {e.lineno}: not valid JSON ({_json_message(e)} at column {e.colno}); the file "
                 f"starts with '[' so it is read as one JSON array: fix it, or write one JSON object per line"
             ) from e
         if not isinstance(items, list):
-            raise SourceError(f"{path}: holds {json_type(items)} after '[', expected a JSON array of objects")
+            raise DataError(f"{path}: holds {json_type(items)} after '[', expected a JSON array of objects")
         for i, item in enumerate(items):
             if isinstance(item, str):  # datasets reads an array of strings as records {"text": item}
                 item = {"text": item}
@@ -493,7 +491,7 @@ class LocalSource(Source):
                         index += 1
                         row += 1
             except (OSError, pa.ArrowException) as e:
-                raise SourceError(
+                raise DataError(
                     f"{path}: row group {group} cannot be read ({one_line(e)}); "
                     f"re-create the file or remove it from data.paths"
                 ) from e

@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from mars.data.config import DataConfig
-from mars.data.errors import DataError, DataNotPreparedError, ManifestError, SourceChangedError
 from mars.data.layout import (
     MANIFEST,
     PROGRESS,
@@ -30,6 +29,7 @@ from mars.data.layout import (
     rewrite_lock,
 )
 from mars.data.writer import repair_shards, summary, write_shards
+from mars.errors import DataError, ManifestError, SourceChangedError
 from mars.files import nearest_existing, try_create_dir_in
 
 __all__ = ["check_ready", "dataset_dir", "ensure_prepared", "prepare", "prepare_command"]
@@ -279,7 +279,7 @@ def ensure_prepared(cfg: DataConfig) -> Path:
     """The dataset directory of ``cfg``, prepared.
 
     The embedded corpus (a source ``prepared_on_first_use``) is prepared on first use. Any other source
-    raises DataNotPreparedError
+    raises DataError
     holding the exact prepare command; a directory prepared with other settings raises ManifestError
     (different documents) or warns (different sizes: the prepared split is used).
     """
@@ -296,11 +296,11 @@ def ensure_prepared(cfg: DataConfig) -> Path:
         )
         if cfg.name == "local" and not cfg.paths:  # the command would stop there: say what it needs
             command = prepare_command(cfg, paths=("FILES",)).replace("[FILES]", "[FILES...]")
-            raise DataNotPreparedError(
+            raise DataError(
                 f"{out} holds no prepared dataset ({manifest} is missing), and data.paths is empty: name "
                 f"your files and prepare them with:\n    {command}"
             )
-        raise DataNotPreparedError(
+        raise DataError(
             f"{out} holds no prepared dataset: {manifest} is missing{partial}. Prepare it with:\n"
             f"    {prepare_command(cfg)}"
         )

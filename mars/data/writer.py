@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from mars.data.errors import ManifestError, SourceChangedError, SourceError
 from mars.data.integrity import ShardCheck, VerifiedCache, check_shard_file
 from mars.data.layout import (
     DTYPE,
@@ -52,6 +51,7 @@ from mars.data.layout import (
 from mars.data.sources import SKIP_EXAMPLES, SkipLog, Source
 from mars.data.split import SAMPLE, HeldOut, sample_val, split_record
 from mars.data.tokenizer import GPT2, encode_batch, tokenizer_info
+from mars.errors import DataError, ManifestError, SourceChangedError
 from mars.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -599,7 +599,7 @@ def write_shards(
     shard cannot be regenerated because the source changed (SourceChangedError).
     """
     if shard_tokens < 1 or val_tokens < 0 or (token_budget is not None and token_budget < 1):
-        raise SourceError(
+        raise DataError(
             f"data.shard_tokens={shard_tokens} must be >= 1, data.val_tokens={val_tokens} >= 0 "
             f"and data.token_budget={token_budget} null or >= 1"
         )
@@ -663,7 +663,7 @@ def write_shards(
 
     if not any(r["split"] == "train" for r in records):
         total = sum(r["tokens"] for r in records)
-        raise SourceError(
+        raise DataError(
             f"{config.get('name')}: the source holds {total:,} tokens, all taken by the validation split "
             f"(data.val_tokens={val_tokens:,}); lower data.val_tokens or add data"
         )

@@ -8,7 +8,7 @@ offline checks), tables (the paper's table), results (output files, wandb), cli 
 lm-eval itself is imported only when an evaluation runs.
 """
 
-from mars.eval.errors import EvalError, TasksUnavailableError, UnknownTaskError
+from mars.errors import UserError
 from mars.eval.harness import CheckpointEval, evaluate_checkpoint, evaluate_model, flatten_scores
 from mars.eval.tasks import PAPER_TASKS, TASK_PRESETS
 
@@ -18,9 +18,9 @@ __all__ = [
     "PAPER_TASKS",
     "TASK_PRESETS",
     "CheckpointEval",
-    "EvalError",
-    "TasksUnavailableError",
-    "UnknownTaskError",
+    "UserError",
+    "UserError",
+    "UserError",
     "evaluate_checkpoint",
     "evaluate_model",
     "flatten_scores",

@@ -23,9 +23,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mars import device as devices
 from mars.checks import above, choice, reported_as
+from mars.errors import UserError
 from mars.eval import results as results_io
 from mars.eval.config import WANDB_MODES, register_configs
-from mars.eval.errors import EvalError
 from mars.eval.harness import CheckpointEval, evaluate_checkpoint, precision_name, prepare_tasks, request_of
 from mars.eval.tables import console_table, markdown_table
 from mars.eval.tasks import resolve_tasks
@@ -38,11 +38,11 @@ def _plain(value):
 
 
 def _check(cfg) -> None:
-    with reported_as(EvalError):
+    with reported_as(UserError):
         choice("wandb.mode", cfg.wandb.mode, WANDB_MODES)
         if cfg.num_fewshot < 0 or cfg.batch_size < 1:
             got = f"{cfg.num_fewshot}, {cfg.batch_size}"
-            raise EvalError(f"need num_fewshot >= 0, batch_size >= 1; got {got}")
+            raise UserError(f"need num_fewshot >= 0, batch_size >= 1; got {got}")
         if cfg.limit is not None:
             above("limit", cfg.limit, 0, " (documents per task, or a fraction of them when < 1)")
         devices.check("device", str(cfg.device))  # train.py's check: a device this machine has
@@ -62,7 +62,7 @@ def run(cfg) -> list[CheckpointEval]:
         return []
     entries = ([cfg.ckpt] if cfg.ckpt else []) + [str(c) for c in cfg.compare]
     if not entries:
-        raise EvalError("nothing to evaluate: pass ckpt=RUN_DIR_OR_CKPT (or compare=[RUN_A,RUN_B])")
+        raise UserError("nothing to evaluate: pass ckpt=RUN_DIR_OR_CKPT (or compare=[RUN_A,RUN_B])")
     device = devices.resolve(str(cfg.device))
     precision = precision_name(cfg.dtype, device)
     request = request_of(spec, cfg.limit, cfg.num_fewshot, cfg.batch_size, precision, cfg.average)
@@ -76,7 +76,7 @@ def run(cfg) -> list[CheckpointEval]:
             continue
         ckpt = find_checkpoint(entry)
         if cfg.average and not has_average(ckpt):
-            raise EvalError(
+            raise UserError(
                 f"average=true: {no_average(ckpt)}; drop average=true to score the model's own weights"
             )
         out_dir = Path(cfg.out) if cfg.out and single else results_io.default_out_dir(ckpt, cfg.average)
@@ -122,9 +122,9 @@ def run(cfg) -> list[CheckpointEval]:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's to fix: shown as one line, no traceback."""
-    from mars.checkpoint import CheckpointError
+    from mars.errors import CheckpointError
 
-    return (EvalError, CheckpointError)
+    return (UserError, CheckpointError)
 
 
 register_configs()
@@ -143,11 +143,12 @@ def _hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     """`python -m eval`: the command line is composed and checked first (mars.entry), so that an unknown
     key or a bad value is one line and exit status 2, as for every command of the harness."""
-    from mars.entry import EXIT_USAGE, UsageError, check_hydra_command, fail
+    from mars.entry import EXIT_USAGE, check_hydra_command, fail
+    from mars.errors import ConfigError
 
     try:
         check_hydra_command(CONFIG_DIR, "eval", sys.argv[1:], check=_check)
-    except (UsageError, EvalError) as e:
+    except (ConfigError, UserError) as e:
         fail(str(e), EXIT_USAGE)
     _hydra_main()
 

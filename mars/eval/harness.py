@@ -146,7 +146,7 @@ def prepare_tasks(
 ) -> LoadedTasks:
     """Resolve the tasks and load their data now (cached for later evaluations of the same list).
 
-    Raises UnknownTaskError / TasksUnavailableError, so a caller can fail before it spends time
+    Raises UserError / UserError, so a caller can fail before it spends time
     on a model: the CLI before loading checkpoints, a trainer before its first step.
     """
     with _quiet_lm_eval():
@@ -270,8 +270,8 @@ def evaluate_checkpoint(
     """Load a checkpoint (run dir, RUN_DIR/ckpt or a step dir) and score it; see evaluate_model.
     average=True scores the averaged weights its run kept (train.average) instead of the model's.
 
-    Raises mars.checkpoint's CheckpointNotFoundError / CheckpointError for a missing or bad
-    checkpoint, UnknownTaskError and TasksUnavailableError for the tasks; all before any scoring.
+    Raises mars.checkpoint's CheckpointError / CheckpointError for a missing or bad
+    checkpoint, UserError and UserError for the tasks; all before any scoring.
     """
     from mars.checkpoint import load_model
 

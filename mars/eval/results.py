@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from mars.eval.errors import EvalError
+from mars.errors import UserError
 from mars.eval.harness import CheckpointEval, flatten_scores, run_dir_of
 from mars.eval.tables import markdown_table
 from mars.files import write_atomic
@@ -62,7 +62,7 @@ def load(path: str | Path) -> CheckpointEval:
         meta = data.pop("mars")
         return CheckpointEval(**meta, lm_eval=data)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise EvalError(f"{p} is not a results.json of python -m eval ({type(e).__name__}: {e})") from e
+        raise UserError(f"{p} is not a results.json of python -m eval ({type(e).__name__}: {e})") from e
 
 
 def reusable(out_dir: str | Path, ckpt: str | Path, request: dict) -> CheckpointEval | None:
@@ -72,7 +72,7 @@ def reusable(out_dir: str | Path, ckpt: str | Path, request: dict) -> Checkpoint
         return None
     try:
         saved = load(out_dir)
-    except EvalError:
+    except UserError:
         return None
     keys = ("tasks", "limit", "num_fewshot")
     same_request = all(saved.request.get(k) == request.get(k) for k in keys)

@@ -8,7 +8,7 @@ The project's own tasks in ``eval/tasks/`` are always on lm-eval's search path.
 Standard tasks download their data from the Hugging Face hub. When the hub cannot be reached
 (no network, or HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set) tasks are loaded with the hub
 forced offline, so they either come from the local cache at once or fail at once with a
-:class:`TasksUnavailableError` naming them; nothing waits on a network timeout.
+:class:`UserError` naming them; nothing waits on a network timeout.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from mars.eval.errors import TasksUnavailableError, UnknownTaskError
+from mars.errors import UserError
 
 PAPER_TASKS = (
     "arc_easy",
@@ -63,12 +63,12 @@ def resolve_tasks(tasks: str | Sequence[str] | TaskSpec, include: Sequence = ())
     items = [tasks] if isinstance(tasks, str) else list(tasks)
     words = [w.strip() for item in items for w in str(item).split(",") if w.strip()]
     if not words:
-        raise UnknownTaskError("no tasks given: pass tasks=paper, tasks=smoke or tasks=[NAME,...]")
+        raise UserError("no tasks given: pass tasks=paper, tasks=smoke or tasks=[NAME,...]")
     include_paths = [str(LOCAL_TASKS_DIR)] if LOCAL_TASKS_DIR.is_dir() else []
     for extra in include:
         path = Path(extra).expanduser()
         if not path.is_dir():
-            raise UnknownTaskError(f"task directory {path} does not exist (from include=)")
+            raise UserError(f"task directory {path} does not exist (from include=)")
         include_paths.append(str(path.resolve()))
     names: list[str] = []
     for word in words:
@@ -79,7 +79,7 @@ def resolve_tasks(tasks: str | Sequence[str] | TaskSpec, include: Sequence = ())
             include_paths.append(str(path.resolve()))
             defined = top_level_tasks(path)
             if not defined:
-                raise UnknownTaskError(f"task directory {path} defines no lm-eval task or group YAML")
+                raise UserError(f"task directory {path} defines no lm-eval task or group YAML")
             names.extend(defined)
         elif path.suffix in (".yaml", ".yml") and path.is_file():
             names.append(str(path.resolve()))
@@ -107,7 +107,7 @@ def task_manager(include_paths: tuple[str, ...], include_defaults: bool = True):
 
 
 def task_manager_for(spec: TaskSpec):
-    """The cheapest TaskManager that knows every name of ``spec``; raises UnknownTaskError otherwise.
+    """The cheapest TaskManager that knows every name of ``spec``; raises UserError otherwise.
 
     Names found in the local directories alone skip indexing lm-eval's built-in tasks.
     """
@@ -121,7 +121,7 @@ def task_manager_for(spec: TaskSpec):
         for name in unknown:
             close = difflib.get_close_matches(name, full.all_tasks + list(TASK_PRESETS), n=3, cutoff=0.75)
             hints.append(f"'{name}'" + (f" (did you mean {', '.join(close)}?)" if close else ""))
-        raise UnknownTaskError(
+        raise UserError(
             f"unknown task {', '.join(hints)}: use a preset ({', '.join(TASK_PRESETS)}), an lm-eval task, "
             "group or tag name (list them with: python -m lm_eval ls tasks), a task YAML file, "
             "or a directory of task YAMLs"
@@ -229,7 +229,7 @@ def load_tasks(spec: TaskSpec) -> LoadedTasks:
             if not online
             else "their datasets failed to load"
         )
-        raise TasksUnavailableError(
+        raise UserError(
             f"cannot load task(s) {', '.join(failed)}: {cause} ({detail}). "
             f"To fix: {precache_hint(list(failed))}"
         )

@@ -81,7 +81,7 @@ class OptimizerConfig:
             raise ValueError(f"optimizer.{key}={value!r} {rule} (optimizer={self.name})")
         schedule = getattr(self, "gamma_schedule", None)
         if schedule is not None:
-            schedule.validate(self.gamma, max_steps)
+            schedule.validate(max_steps)
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -102,13 +102,13 @@ class GammaScheduleConfig:
     end: float = 0.0
     decay_steps: int | None = None
 
-    def validate(self, peak: float, max_steps: int | None = None) -> None:
+    def validate(self, max_steps: int | None = None) -> None:
         """The schedule's values, and that its decay ends after its warmup (at decay_steps, or at
-        max_steps where decay_steps is null and max_steps is given)."""
+        max_steps where decay_steps is null and max_steps is given). The peak, optimizer.gamma, is the
+        optimizer's value (its value_checks)."""
         checks.choice("optimizer.gamma_schedule.name", self.name, GAMMA_SCHEDULES)
         for key in ("start", "end"):
             checks.finite_non_negative(f"optimizer.gamma_schedule.{key}", getattr(self, key))
-        checks.finite_non_negative("optimizer.gamma", peak)
         checks.at_least("optimizer.gamma_schedule.warmup_steps", self.warmup_steps, 0)
         if self.name == "constant":
             return

@@ -76,11 +76,9 @@ NO_SHAMPOO = (
 )
 
 
-def refusal(name: str) -> str | None:
-    """Why optimizer `name` cannot train a muP model (one line naming the fix), or None."""
-    from .registry import registered
-
-    rule = registered(name).mup
+def refusal(name: str, rule: Rule | str | None) -> str | None:
+    """Why optimizer `name`, registered with muP rule `rule` (its `mup`), cannot train a muP model (one line
+    naming the fix), or None."""
     if isinstance(rule, str):
         return f"optimizer={name} does not support model.parametrization=mup: {rule}"
     if rule is None:
@@ -102,7 +100,7 @@ def split(model, groups: list[dict], rule: Rule | None, name: str) -> list[dict]
     if not mup.is_mup(getattr(model, "config", None)):
         return groups
     if not callable(rule):
-        raise ValueError(refusal(name))
+        raise ValueError(refusal(name, rule))
     roles = spec_of(model).param_roles(model)
     base = mup.base_shapes(model)
     names = {id(p): n for n, p in model.named_parameters()}

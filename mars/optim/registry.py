@@ -91,9 +91,10 @@ def register(
     if not field_names or field_names[0] != "name":
         raise ValueError(f"register({name!r}): the config's first field must be `name`")
     if not callable(getattr(config, "validate", None)):
-        from mars.plugins import RegistrationError, qualified_name
+        from mars.errors import ConfigError
+        from mars.plugins import qualified_name
 
-        raise RegistrationError(
+        raise ConfigError(
             f"register({name!r}): {qualified_name(config)} has no validate() method; give it one that raises "
             "ValueError naming the bad optimizer.KEY (subclass mars.optim.config.OptimizerConfig and "
             "list its value_checks), or `def validate(self): pass` to check nothing"

@@ -36,10 +36,23 @@ from pathlib import Path
 
 import yaml
 
-from mars.errors import StudyError
+from mars.errors import UserError
 from mars.study import scale
 from mars.study.scale import Scope, finals_scope, scopes_of, tuned
-from mars.study.search import Round, distributions, draw, edges_of, make_sampler, points_of, widen
+from mars.study.search import (
+    Round,
+    TrialRecord,
+    distributions,
+    draw,
+    edges_of,
+    make_sampler,
+    points_of,
+    records_of,
+    round_attrs,
+    round_from_attrs,
+    study_name,
+    widen,
+)
 from mars.study.spec import (
     SPEC_FILE,
     Arm,
@@ -56,15 +69,7 @@ from mars.study.spec import (
     study_dir_ok,
     valid,
 )
-from mars.study.storage import (
-    DriverLock,
-    TrialRecord,
-    open_storage,
-    records_of,
-    round_attrs,
-    round_from_attrs,
-    study_name,
-)
+from mars.study.storage import DriverLock, open_storage
 from mars.study.trials import LAUNCH_LOG, Job, Result, final_dir, read_result, search_dir, trial_overrides
 
 MAX_ATTEMPTS = 3  # a trial preempted (SIGTERM from outside) is continued this many times
@@ -119,16 +124,16 @@ class Driver:
     def prepare(self, data: bool = True, check_data: bool = False) -> None:
         """Every check (nothing runs); data: prepare each arm's dataset, check_data (a dry run): only check
         that it is prepared or can be, writing nothing."""
-        from mars.analysis.errors import AnalysisError
         from mars.analysis.metric import metric_of
+        from mars.errors import UserError
         from mars.study.trials import make_launcher
 
         s = self.study
         study_dir_ok(s.dir)
         try:
             self.metric = metric_of(s.spec["metric"]["key"], s.spec["metric"]["direction"])
-        except AnalysisError as e:
-            raise StudyError(f"study.metric: {e}") from None
+        except UserError as e:
+            raise UserError(f"study.metric: {e}") from None
         self.configs = {arm.name: check_arm(s, arm) for arm in s.arms}  # (loads the plugins' metrics)
         check_metric_key(s.spec["metric"]["key"])
         self.sizes = self._check_sizes()
@@ -161,7 +166,7 @@ class Driver:
         for name, sizes in by_arm.items():
             mine = [(z.budgets, z.forks, z.tokens_per_step) for z in sizes]
             if mine != [(z.budgets, z.forks, z.tokens_per_step) for z in ref]:
-                raise StudyError(
+                raise UserError(
                     f"study.arms.{name}: its budgets in steps, forks or tokens per step ({mine}) differ from "
                     f"the baseline {s.baseline}'s: set the schedule and batch in study.base, not in an arm"
                 )
@@ -403,7 +408,7 @@ class Driver:
         st = self._optuna_study(study_name(self.study.name, arm.name, "final"))
         number = st.ask().number
         if number != i:  # the plan's entries are taken in order under the ask lock
-            raise StudyError(
+            raise UserError(
                 f"{arm.name}: final trial {number} was asked for plan entry {i}: the storage is "
                 "inconsistent (was it changed by hand?)"
             )
@@ -440,7 +445,7 @@ class Driver:
             tag = f"final/{arm.name}/{run_dir.name}"
             extra = scale.entry_overrides(t.attrs, self.size_of)
         if fresh and holds_a_run(run_dir):
-            raise StudyError(
+            raise UserError(
                 f"{run_dir} already holds a run that is not this trial's: move it away (a trial's run dir is "
                 "never overwritten)"
             )
@@ -597,7 +602,7 @@ class Driver:
             log = getattr(handle, "log", job.run_dir / LAUNCH_LOG)
             line = _last_error(Path(log))
             stopped = f"; {n} other running trial(s) stopped with a checkpoint" if n else ""
-            raise StudyError(
+            raise UserError(
                 f"trial {job.label} ({job.run_dir}) failed with exit status {code}: {result}"
                 f"{f' [{line}]' if line else ''}; its log: {log}{stopped}. Fix the cause and rerun the same "
                 "command: the study resumes, rerunning this trial in its own dir"

@@ -31,7 +31,7 @@ from mars.analysis.labels import format_value
 from mars.analysis.plots import colors, legend_outside, pyplot, save
 from mars.analysis.stats import mean_std
 from mars.entry import hydra_value
-from mars.errors import StudyError
+from mars.errors import UserError
 from mars.files import write_atomic
 from mars.metrics_jsonl import jsonable
 from mars.study.search import Dist, best_finalist, ranked
@@ -148,7 +148,7 @@ def write_study_report(driver) -> list[Path]:
     for d in dirs:  # the verdict is read from the finals' run dirs, not the storage
         metrics = Path(d) / "metrics.jsonl"
         if not metrics.is_file() or metrics.stat().st_size == 0:
-            raise StudyError(
+            raise UserError(
                 f"{metrics} is {'empty' if metrics.is_file() else 'missing'}, though the storage records its "
                 "trial as finished: the verdict is read from the finals' run dirs; restore it (from a backup "
                 "or the run's W&B history), then rerun with --report"
@@ -391,7 +391,7 @@ def _side_cell(side) -> str:
 
 def _json(driver, arms, report, command) -> dict:
     from mars.analysis.report import to_json
-    from mars.study.storage import dist_to_dict
+    from mars.study.search import dist_to_dict
 
     def trial(t):
         return {"index": t.index, "round": t.round, "number": t.number, "params": t.params, "value": t.value,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mars.analysis.scaling import Analysis, Ladder, SizeInfo, analyse, budget_table, extrapolation_label
-from mars.errors import StudyError
+from mars.errors import UserError
 from mars.train.schedule import decay_start  # the one rule of where wsd's decay starts
 
 UNITS = ("steps", "tokens")
@@ -57,53 +57,28 @@ class Size:
 
 
 def check_budget_spec(spec: dict) -> None:
-    """The spec's budgets, budget_unit and sizes (before anything is composed): StudyError."""
+    """The spec's budgets, budget_unit and sizes (before anything is composed): UserError."""
     budgets, unit, sizes = spec["budgets"], spec["budget_unit"], spec["sizes"]
     if unit not in UNITS:
-        raise StudyError(f"study.budget_unit={unit!r} is not one of {', '.join(UNITS)}")
+        raise UserError(f"study.budget_unit={unit!r} is not one of {', '.join(UNITS)}")
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in budgets):
-        raise StudyError(f"study.budgets={budgets}: give whole {unit} >= 1, e.g. study.budgets=[100,200,400]")
+        raise UserError(f"study.budgets={budgets}: give whole {unit} >= 1, e.g. study.budgets=[100,200,400]")
     if any(b >= c for b, c in zip(budgets, budgets[1:], strict=False)):
-        raise StudyError(
+        raise UserError(
             f"study.budgets={budgets} must increase strictly (each budget once, smallest first), e.g. "
             f"{sorted(set(budgets))}"
         )
     for name, overrides in sizes.items():
         where = f"study.sizes.{name}"
         if any(c in str(name) for c in "/\\:-") or not str(name).strip():
-            raise StudyError(f"{where}: a size's name must be a plain name without - / \\ : (it names dirs)")
+            raise UserError(f"{where}: a size's name must be a plain name without - / \\ : (it names dirs)")
         for arg in overrides:
             key = str(arg).lstrip("+~").split("=", 1)[0]
             if "=" not in str(arg) or not (key == "model" or key.startswith("model.")):
-                raise StudyError(
+                raise UserError(
                     f"{where}: {arg!r} is not a model override; a size may only change the model's shape "
                     "(model.n_embd=..., model.n_layer=..., model=PRESET): put other keys in study.base"
                 )
-
-
-def check_size_configs(study, cfgs: dict[str, Any]) -> None:
-    """The composed config of each size (of one arm): everything but the model equal, one family."""
-    from omegaconf import OmegaConf
-
-    names = list(cfgs)
-    first = cfgs[names[0]]
-    ref = {k: v for k, v in OmegaConf.to_container(first, resolve=True).items() if k != "model"}
-    for name in names[1:]:
-        cfg = cfgs[name]
-        if str(cfg.model.arch) != str(first.model.arch):
-            raise StudyError(
-                f"study.sizes.{name} is model.arch={cfg.model.arch}, study.sizes.{names[0]} "
-                f"{first.model.arch}: a ladder of sizes keeps one family (give shape overrides only)"
-            )
-        other = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "model"}
-        if other != ref:
-            from mars.study.spec import differences
-
-            diff = differences(ref, other, "")
-            raise StudyError(
-                f"study.sizes.{name} changes more than the model's shape ({'; '.join(diff)[:200]}): a size "
-                "may only change model keys"
-            )
 
 
 def check_schedule(cfg: Any, where: str) -> None:
@@ -111,25 +86,25 @@ def check_schedule(cfg: Any, where: str) -> None:
     averaged-weights tail (or decay) that begins where each budget's decay does."""
     s = cfg.schedule
     if str(s.name) != "wsd":
-        raise StudyError(
+        raise UserError(
             f"{where}: study.budgets branch cooldowns off one wsd trunk, but schedule={s.name}; add "
             "schedule=wsd to study.base (or drop study.budgets)"
         )
     if s.get("decay_steps") is not None:
-        raise StudyError(
+        raise UserError(
             f"{where}: schedule.decay_steps={s.decay_steps} fixes where the decay ends, so every budget "
             "would decay alike; drop it (each budget's decay then follows its train.max_steps)"
         )
     gs = cfg.optimizer.get("gamma_schedule")
     if gs is not None and str(gs.name) != "constant" and gs.get("decay_steps") is None:
-        raise StudyError(
+        raise UserError(
             f"{where}: optimizer.gamma_schedule={gs.name} decays over train.max_steps, so a trunk and a "
             "branch would differ before the fork; use optimizer.gamma_schedule.name=constant or set its "
             "decay_steps"
         )
     t = cfg.train
     if str(t.get("average", "off")) in ("tail", "decay_sqrt") and t.get("average_start") is not None:
-        raise StudyError(
+        raise UserError(
             f"{where}: train.average={t.average} with train.average_start={t.average_start}: a branch's "
             "average would not be its standalone run's (they begin it at other steps, the trunk before the "
             "fork or after it); drop train.average_start: each budget's then begins at its decay start, "
@@ -138,7 +113,7 @@ def check_schedule(cfg: Any, where: str) -> None:
 
 
 def size_of(name: str, overrides, cfg: Any, spec: dict) -> Size:
-    """A size's budgets in steps and fork points, from its composed config: StudyError when a budget does
+    """A size's budgets in steps and fork points, from its composed config: UserError when a budget does
     not fit (tokens not a whole number of steps, no stable phase)."""
     from mars.train.config import global_batch_size
 
@@ -153,7 +128,7 @@ def size_of(name: str, overrides, cfg: Any, spec: dict) -> Size:
         if unit == "tokens":
             if b % per_step:
                 lo = max(1, b // per_step) * per_step
-                raise StudyError(
+                raise UserError(
                     f"study.budgets: {b} tokens is not a whole number of steps of {per_step} tokens "
                     f"(train.global_batch_size x model.block_size{f' at size {name}' if name else ''}); "
                     f"e.g. {lo} or {lo + per_step}"
@@ -165,13 +140,13 @@ def size_of(name: str, overrides, cfg: Any, spec: dict) -> Size:
     for b in steps:
         start = decay_start(b, cfg.schedule)
         if b <= warmup or start <= warmup:
-            raise StudyError(
+            raise UserError(
                 f"study.budgets: {b} steps is shorter than warmup plus cooldown (schedule.warmup_steps="
                 f"{warmup}, schedule.decay_fraction={cfg.schedule.decay_fraction}): no stable phase to fork "
                 f"from; give budgets of at least {warmup + 2} steps or lower schedule.warmup_steps"
             )
         if start >= b:
-            raise StudyError(
+            raise UserError(
                 f"study.budgets: {b} steps leaves no whole step to cool down in (its wsd decay would start "
                 f"at step {start}, schedule.decay_fraction={cfg.schedule.decay_fraction}); give a longer one"
             )
@@ -368,54 +343,54 @@ def tuned(spec: dict) -> bool:
 
 
 def check_tune_spec(spec: dict) -> None:
-    """study.tune's values (before anything is composed): StudyError, one line naming the key."""
+    """study.tune's values (before anything is composed): UserError, one line naming the key."""
     tune = spec.get("tune") or {}
     trials = tune.get("trials") or {}
     if tune.get("finals", "own") not in FINALS:
-        raise StudyError(f"study.tune.finals={tune['finals']!r} is not one of {', '.join(FINALS)}")
+        raise UserError(f"study.tune.finals={tune['finals']!r} is not one of {', '.join(FINALS)}")
     if not trials:
         for key in ("holdout",):
             if tune.get(key) is not None:
-                raise StudyError(f"study.tune.{key} needs study.tune.trials (the sizes to search at)")
+                raise UserError(f"study.tune.{key} needs study.tune.trials (the sizes to search at)")
         if tune.get("budgets"):
-            raise StudyError("study.tune.budgets needs study.tune.trials (the sizes to search at)")
+            raise UserError("study.tune.budgets needs study.tune.trials (the sizes to search at)")
         return
     sizes = list(spec["sizes"])
     if not sizes:
-        raise StudyError(
+        raise UserError(
             "study.tune.trials searches at sizes, but study.sizes is empty: give the sizes "
             "(e.g. study.sizes={w64: [model.n_embd=64], w128: [model.n_embd=128]})"
         )
     for name, n in trials.items():
         if name not in sizes:
-            raise StudyError(f"study.tune.trials.{name}: no such size; study.sizes has {', '.join(sizes)}")
+            raise UserError(f"study.tune.trials.{name}: no such size; study.sizes has {', '.join(sizes)}")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise StudyError(
+            raise UserError(
                 f"study.tune.trials.{name}={n!r}: each size searched needs at least 1 trial; give it a "
                 f"budget (e.g. study.tune.trials.{name}=8) or leave the size out (it then takes the first "
                 "size's optimum)"
             )
     if sizes[0] not in trials:
-        raise StudyError(
+        raise UserError(
             f"study.tune.trials does not search the first size {sizes[0]} (the headline, and what the "
             f"sizes not searched take): add study.tune.trials.{sizes[0]}=N"
         )
     holdout = tune.get("holdout")
     if holdout is not None:
         if holdout not in trials:
-            raise StudyError(
+            raise UserError(
                 f"study.tune.holdout={holdout!r} is not a searched size ({', '.join(trials)}): its optimum "
                 "must be measured to check the prediction"
             )
         if len(trials) < 3:
-            raise StudyError(
+            raise UserError(
                 f"study.tune.holdout={holdout}: the fit needs 2 other searched sizes, study.tune.trials has "
                 f"{len(trials) - 1}; search at more sizes or drop the holdout"
             )
     if tune.get("budgets") and len(spec["budgets"]) < 1:
-        raise StudyError("study.tune.budgets=true searches at every budget, but study.budgets is empty")
+        raise UserError("study.tune.budgets=true searches at every budget, but study.budgets is empty")
     if tune.get("finals", "own") == "own" and spec["final"]["top_k"] != 1:
-        raise StudyError(
+        raise UserError(
             f"study.final.top_k={spec['final']['top_k']} with study.tune: each size's finals rerun its own "
             "best config, so set study.final.top_k=1"
         )

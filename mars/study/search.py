@@ -1,5 +1,5 @@
 """How an arm searches: its space, the sampler that draws from it, the edge rule and auto_extend's
-wider rounds, and the finals that rerun its best configs.
+wider rounds, the finals that rerun its best configs, and the records of its trials.
 
 A search space: each searched training key and the distribution it is drawn from.
 
@@ -24,18 +24,16 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import optuna
 from optuna.samplers import BaseSampler, QMCSampler, RandomSampler, TPESampler
 
 from mars.analysis.edges import Edge, Range, find_edges
-from mars.errors import StudyError
-
-if TYPE_CHECKING:
-    from mars.study.storage import TrialRecord
+from mars.errors import UserError
 
 DISTS = ("loguniform", "uniform", "int", "logint", "choice")
 _FIELDS = {"dist", "lo", "hi", "choices"}
@@ -122,7 +120,7 @@ def _is_leaf(node: Any) -> bool:
 
 
 def flatten_search(search: dict, where: str) -> dict[str, dict]:
-    """{"optimizer": {"lr": {dist...}}} -> {"optimizer.lr": {dist...}}; StudyError for a node that is
+    """{"optimizer": {"lr": {dist...}}} -> {"optimizer.lr": {dist...}}; UserError for a node that is
     neither a distribution nor a mapping of them."""
     out: dict[str, dict] = {}
 
@@ -131,7 +129,7 @@ def flatten_search(search: dict, where: str) -> dict[str, dict]:
             out[prefix] = node
             return
         if not isinstance(node, dict) or not node:
-            raise StudyError(
+            raise UserError(
                 f"{where}.{prefix}: expected a distribution {{dist: {'|'.join(DISTS)}, lo, hi}} "
                 "(or choices), "
                 f"or a mapping of keys to distributions, got {node!r}"
@@ -144,41 +142,41 @@ def flatten_search(search: dict, where: str) -> dict[str, dict]:
 
 
 def parse_dist(key: str, node: dict, where: str) -> Dist:
-    """One distribution from its spec mapping, every bad value a StudyError naming `where.key`."""
+    """One distribution from its spec mapping, every bad value a UserError naming `where.key`."""
     at = f"{where}.{key}"
     unknown = sorted(set(node) - _FIELDS)
     if unknown:
-        raise StudyError(
+        raise UserError(
             f"{at}: unknown field(s) {', '.join(unknown)}; a distribution has dist, lo, hi, choices"
         )
     kind = node.get("dist")
     if kind not in DISTS:
-        raise StudyError(f"{at}.dist={kind!r} is not one of {', '.join(DISTS)}")
+        raise UserError(f"{at}.dist={kind!r} is not one of {', '.join(DISTS)}")
     if kind == "choice":
         choices = node.get("choices")
         if node.get("lo") is not None or node.get("hi") is not None:
-            raise StudyError(f"{at}: dist=choice takes choices, not lo/hi")
+            raise UserError(f"{at}: dist=choice takes choices, not lo/hi")
         if not isinstance(choices, (list, tuple)) or not choices:
-            raise StudyError(f"{at}.choices must be a non-empty list (e.g. choices: [0.9, 0.95])")
+            raise UserError(f"{at}.choices must be a non-empty list (e.g. choices: [0.9, 0.95])")
         if len({repr(c) for c in choices}) < len(choices):
-            raise StudyError(f"{at}.choices={list(choices)} repeats a value")
+            raise UserError(f"{at}.choices={list(choices)} repeats a value")
         return Dist(key, kind, choices=tuple(choices), where=at)
     if node.get("choices") is not None:
-        raise StudyError(f"{at}: dist={kind} takes lo and hi, not choices (or use dist: choice)")
+        raise UserError(f"{at}: dist={kind} takes lo and hi, not choices (or use dist: choice)")
     lo, hi = node.get("lo"), node.get("hi")
     for name, v in (("lo", lo), ("hi", hi)):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            raise StudyError(f"{at}.{name}={v!r} must be a finite number")
+            raise UserError(f"{at}.{name}={v!r} must be a finite number")
         if kind in ("int", "logint") and float(v) != int(v):
-            raise StudyError(f"{at}.{name}={v!r} must be an integer for dist={kind}")
+            raise UserError(f"{at}.{name}={v!r} must be an integer for dist={kind}")
     if lo > hi:
-        raise StudyError(f"{at}: lo={lo:g} > hi={hi:g}; swap them")
+        raise UserError(f"{at}: lo={lo:g} > hi={hi:g}; swap them")
     if lo == hi:
-        raise StudyError(
+        raise UserError(
             f"{at}: lo = hi = {lo:g} searches nothing; fix the key in the arm's overrides instead"
         )
     if kind in ("loguniform", "logint") and lo <= 0:
-        raise StudyError(
+        raise UserError(
             f"{at}: dist={kind} needs lo > 0 (got lo={lo:g}): a log range cannot reach 0; use dist=uniform, "
             "or a positive lo"
         )
@@ -424,3 +422,113 @@ def best_finalist(final: Sequence[TrialRecord], higher_is_better: bool) -> int |
         if best is None or mean < best_score:
             best, best_score = rank, mean
     return best
+
+
+# --------------------------------------------------------------------------------------------------
+# What the storage holds about a study, read back as plain records (the driver and the report share them).
+#
+# optuna studies of a study NAME (mars.study.storage): NAME (user attr "spec"), NAME/ARM/searchR (user
+# attrs: the round's "space", "sample", "trials", "offset", "notes"), NAME/ARM/final (user attr "plan":
+# the finals, each {rank, seed, params, source}). Each trial's user attrs: "driver" (while it runs),
+# "dir", and once finished "result": {"status" (completed | diverged), "message", "tokens", "train_s",
+# "process_s" (launch to exit, summed over attempts), "overhead_s" (the driver's own time for it),
+# "attempts"} (TrialRecord.attrs holds both levels).
+
+
+SEARCH_PREFIX = "search"
+
+
+def dist_to_dict(d: Dist) -> dict:
+    return {
+        "key": d.key,
+        "kind": d.kind,
+        "lo": d.lo,
+        "hi": d.hi,
+        "choices": list(d.choices),
+        "where": d.where,
+    }
+
+
+def dist_from_dict(x: dict) -> Dist:
+    return Dist(x["key"], x["kind"], x["lo"], x["hi"], tuple(x["choices"]), x.get("where", ""))
+
+
+def round_attrs(r: Round) -> dict:
+    return {
+        "round": r.number,
+        "space": [dist_to_dict(d) for d in r.space.values()],
+        "sample": [dist_to_dict(d) for d in r.sample.values()],
+        "trials": r.trials,
+        "offset": r.offset,
+        "notes": list(r.notes),
+    }
+
+
+def round_from_attrs(a: dict) -> Round:
+    space = {x["key"]: dist_from_dict(x) for x in a["space"]}
+    sample = {x["key"]: dist_from_dict(x) for x in a["sample"]}
+    return Round(int(a["round"]), space, sample, int(a["trials"]), int(a["offset"]), tuple(a["notes"]))
+
+
+@dataclass
+class TrialRecord:
+    arm: str
+    phase: str  # search | final
+    round: int  # search round (-1 for finals)
+    number: int  # the trial's number in its optuna study
+    index: int  # search: the arm's trial index (its dir's number); final: the plan's index
+    params: dict[str, Any]
+    state: str  # optuna's: RUNNING, COMPLETE, FAIL, ...
+    value: float | None
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """completed | diverged | running | failed (abandoned before its values were drawn)."""
+        if self.state == "COMPLETE":
+            return str(self.attrs.get("status", "completed"))
+        return "running" if self.state == "RUNNING" else "failed"
+
+    @property
+    def dir(self) -> Path | None:
+        d = self.attrs.get("dir")
+        return Path(d) if d else None
+
+    @property
+    def finite(self) -> bool:
+        return self.state == "COMPLETE" and self.value is not None and math.isfinite(self.value)
+
+
+def study_name(name: str, arm: str, phase: str, round_number: int = 0) -> str:
+    return f"{name}/{arm}/{SEARCH_PREFIX}{round_number}" if phase == "search" else f"{name}/{arm}/final"
+
+
+def relocated(path: Path, root: Path) -> Path:
+    """A trial's recorded run dir (STUDY/search/ARM[/SCOPE]/NNN or STUDY/final/ARM/NAME) under the study
+    dir `root` as it is now."""
+    parts = path.parts
+    start = max((i for i, part in enumerate(parts) if part in ("search", "final")), default=len(parts) - 3)
+    return root.joinpath(*parts[start:])
+
+
+def records_of(
+    optuna_study, arm: str, phase: str, round_number: int = -1, offset: int = 0, root: Path | None = None
+) -> list[TrialRecord]:
+    """The trials of one optuna study. root: the study dir now; a trial's recorded dirs (written as
+    absolute paths) are read under it (relocated), so a study dir that was moved or copied elsewhere
+    finds its trials' run dirs."""
+    out = []
+    for t in optuna_study.get_trials(deepcopy=False):
+        if phase == "search":
+            params = {k: choice_value(v) for k, v in t.params.items()}
+            index = offset + t.number
+        else:
+            params = dict(t.user_attrs.get("params", {}))
+            index = t.number
+        value = t.value if t.state.name == "COMPLETE" else None
+        attrs = {**t.user_attrs, **t.user_attrs.get("result", {})}  # the driver stores a result in one attr
+        for key in ("dir", "trunk_dir"):
+            if root is not None and attrs.get(key):
+                attrs[key] = str(relocated(Path(attrs[key]), Path(root)))
+        out.append(TrialRecord(arm, phase, round_number, t.number, index, params, t.state.name, value, attrs))
+    return out

@@ -58,7 +58,7 @@ from typing import Any
 import yaml
 from omegaconf import MISSING
 
-from mars.errors import StudyError
+from mars.errors import UserError
 from mars.study.search import Dist, parse_space
 from mars.study.storage import shown
 
@@ -167,7 +167,7 @@ def is_study_override(arg: str) -> bool:
 
 def compose_spec(args: list[str]) -> dict:
     """The spec `study=NAME study.KEY=VALUE ...` composes to (a plain dict), the other arguments added to
-    its base; StudyError with Hydra's message as one line."""
+    its base; UserError with Hydra's message as one line."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -179,14 +179,14 @@ def compose_spec(args: list[str]) -> dict:
     for arg in study_args:
         key, _, value = arg.partition("=")
         if value.strip() == "{}" and key.lstrip("+") in MAPPINGS:
-            raise StudyError(
+            raise UserError(
                 f"{arg} empties nothing: Hydra merges a mapping into the spec's {key.lstrip('+')}, so {{}} "
                 f"changes nothing; drop an entry with ~{key.lstrip('+')}.NAME, or write a spec of your own "
                 "(configs/study/NAME.yaml)"
             )
     if not any(a.split("=", 1)[0] == "study" for a in study_args):
         names = sorted(p.stem for p in Path(config_dir(), "study").glob("*.yaml"))
-        raise StudyError(
+        raise UserError(
             f"choose a study spec: study=NAME (configs/study/ holds {', '.join(names) or 'none'})"
         )
     register_configs()
@@ -197,7 +197,7 @@ def compose_spec(args: list[str]) -> dict:
         spec = OmegaConf.to_container(cfg.study, resolve=True, throw_on_missing=True)
     except Exception as e:
         if is_composition_error(e):
-            raise StudyError(needs_quotes(study_args) or _with_keys(one_line(e))) from None
+            raise UserError(needs_quotes(study_args) or _with_keys(one_line(e))) from None
         raise
     spec["base"] = [*spec["base"], *training]
     return spec
@@ -287,33 +287,33 @@ def _key(arg: str) -> str:
 def _check_overrides(overrides: list[str], where: str) -> None:
     for arg in overrides:
         if not isinstance(arg, str) or "=" not in arg:
-            raise StudyError(f"{where}: {arg!r} is not a training override KEY=VALUE (or GROUP=OPTION)")
+            raise UserError(f"{where}: {arg!r} is not a training override KEY=VALUE (or GROUP=OPTION)")
         key = _key(arg)
         if key in RESERVED:
-            raise StudyError(
+            raise UserError(
                 f"{where} sets {key}, which the study chooses itself (study.search_seed for the search, "
                 "study.final.seeds for the finals; resume is automatic): drop it"
             )
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            raise StudyError(
+            raise UserError(
                 f"{where} sets {key}: each trial's run dir is chosen by the study (study.dir); drop it"
             )
 
 
 def _at_least(where: str, value: Any, minimum: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value < minimum:
-        raise StudyError(f"{where}={value!r} must be a number >= {minimum}")
+        raise UserError(f"{where}={value!r} must be a number >= {minimum}")
 
 
 def check_spec(spec: dict) -> Study:
-    """Every spec value that cannot work, as one StudyError; else the Study the driver runs."""
+    """Every spec value that cannot work, as one UserError; else the Study the driver runs."""
     name = spec["name"]
     if not name or any(c in str(name) for c in "/\\:") or str(name) != str(name).strip():
-        raise StudyError(f"study.name={name!r} must be a plain name (no / \\ : or spaces around it)")
+        raise UserError(f"study.name={name!r} must be a plain name (no / \\ : or spaces around it)")
     _check_overrides(spec["base"], "study.base (or the command line)")
     arms_spec = spec["arms"]
     if not arms_spec:
-        raise StudyError(
+        raise UserError(
             "study.arms is empty: give at least one arm in the spec (configs/study/NAME.yaml), e.g. "
             "arms: {adamw: {overrides: [optimizer=adamw]}}"
         )
@@ -322,12 +322,12 @@ def check_spec(spec: dict) -> Study:
     for arm_name, arm in arms_spec.items():
         where = f"study.arms.{arm_name}"
         if any(c in str(arm_name) for c in "/\\:") or not str(arm_name).strip():
-            raise StudyError(f"{where}: an arm's name must be a plain name (it names dirs)")
+            raise UserError(f"{where}: an arm's name must be a plain name (it names dirs)")
         _check_overrides(arm["overrides"], f"{where}.overrides")
         space = parse_space(arm["search"], f"{where}.search") if arm["search"] else {}
         for arg in [*spec["base"], *arm["overrides"]]:
             if _key(arg) in space:
-                raise StudyError(
+                raise UserError(
                     f"{where}.search searches {_key(arg)}, which {arg!r} also fixes: drop one of them"
                 )
         trials = spec["trials"] if arm["trials"] is None else arm["trials"]
@@ -337,21 +337,21 @@ def check_spec(spec: dict) -> Study:
         arms.append(Arm(str(arm_name), tuple(arm["overrides"]), space, int(trials)))
     baseline = spec["baseline"] if spec["baseline"] is not None else arms[0].name
     if baseline not in arms_spec:
-        raise StudyError(f"study.baseline={baseline!r} is not an arm ({', '.join(arms_spec)})")
+        raise UserError(f"study.baseline={baseline!r} is not an arm ({', '.join(arms_spec)})")
     sampler = spec["sampler"]
     if sampler["name"] not in SAMPLERS:
-        raise StudyError(f"study.sampler.name={sampler['name']!r} is not one of {', '.join(SAMPLERS)}")
+        raise UserError(f"study.sampler.name={sampler['name']!r} is not one of {', '.join(SAMPLERS)}")
     if sampler["startup_trials"] is not None:
         _at_least("study.sampler.startup_trials", sampler["startup_trials"], 0)
     metric = spec["metric"]
     if not metric["key"] or str(metric["key"]).strip() != metric["key"]:
-        raise StudyError(f"study.metric.key={metric['key']!r} is not a metrics.jsonl key (e.g. val/loss)")
+        raise UserError(f"study.metric.key={metric['key']!r} is not a metrics.jsonl key (e.g. val/loss)")
     if metric["direction"] not in (None, "lower", "higher"):
-        raise StudyError(
+        raise UserError(
             f"study.metric.direction={metric['direction']!r} is not lower, higher or null (by name)"
         )
     if metric["summary"] not in SUMMARIES:
-        raise StudyError(f"study.metric.summary={metric['summary']!r} is not one of {', '.join(SUMMARIES)}")
+        raise UserError(f"study.metric.summary={metric['summary']!r} is not one of {', '.join(SUMMARIES)}")
     _at_least("study.edges.tolerance", spec["edges"]["tolerance"], 0)
     _at_least("study.auto_extend.rounds", spec["auto_extend"]["rounds"], 0)
     _at_least("study.auto_extend.trials", spec["auto_extend"]["trials"], 1)
@@ -359,14 +359,14 @@ def check_spec(spec: dict) -> Study:
     _at_least("study.final.top_k", final["top_k"], 1)
     short = next((a for a in arms if a.space and a.trials < final["top_k"]), None)
     if short is not None:
-        raise StudyError(
+        raise UserError(
             f"study.final.top_k={final['top_k']} is more than the {short.trials} search trials of arm "
             f"{short.name}: the finals rerun at most that many configs; lower study.final.top_k or raise "
             "study.trials"
         )
     seeds = final["seeds"]
     if not seeds or len(set(seeds)) < len(seeds):
-        raise StudyError(
+        raise UserError(
             f"study.final.seeds={seeds} must be a non-empty list of distinct seeds (e.g. [1, 2, 3])"
         )
     from mars.study.scale import check_budget_spec
@@ -377,7 +377,7 @@ def check_spec(spec: dict) -> Study:
     check_tune_spec(spec)
     launcher = spec["launcher"]
     if launcher["name"] not in LAUNCHERS:
-        raise StudyError(f"study.launcher.name={launcher['name']!r} is not one of {', '.join(LAUNCHERS)}")
+        raise UserError(f"study.launcher.name={launcher['name']!r} is not one of {', '.join(LAUNCHERS)}")
     _at_least("study.launcher.n_jobs", launcher["n_jobs"], 1)
     _at_least("study.launcher.gpus_per_job", launcher["gpus_per_job"], 0)
     _check_command(launcher)
@@ -406,17 +406,17 @@ def _check_command(launcher: dict) -> None:
     if command is None:
         return
     if not command:
-        raise StudyError("study.launcher.command is empty: give the command that runs a trial, or null")
+        raise UserError("study.launcher.command is empty: give the command that runs a trial, or null")
     program = str(command[0])
     if launcher["name"] != "local" or shutil.which(program) is not None:
         return
     if program in ("False", "True", "None"):
         word = {"None": "null"}.get(program, program.lower())
-        raise StudyError(
+        raise UserError(
             f"study.launcher.command=[{word}, ...]: the command line read {word} as a value ({program}), not "
             f"a program: quote it, e.g. 'study.launcher.command=[\"{word}\"]'"
         )
-    raise StudyError(
+    raise UserError(
         f"study.launcher.command: {program!r} is not a program on PATH, nor a path to one: give the command "
         "that runs a trial (default: python -m mars.train)"
     )
@@ -460,8 +460,8 @@ def _compose(study: Study, arm: Arm, values: dict[str, Any], extra: tuple[str, .
     """The config of `train.py BASE ARM VALUES EXTRA` (mars.train.cli.precheck), or its ConfigError (one
     line)."""
     from mars.entry import hydra_value
+    from mars.errors import ConfigError
     from mars.train.cli import precheck
-    from mars.train.config import ConfigError
 
     argv = (*study.base, *arm.overrides, *(f"{k}={hydra_value(v)}" for k, v in values.items()), *extra)
     if argv not in _composed:
@@ -487,15 +487,16 @@ def _corners(arm: Arm) -> list[tuple[str, dict[str, Any]]]:
 
 
 def check_arm(study: Study, arm: Arm) -> ArmConfig:
-    """Compose and check the arm at the corners of its space; StudyError naming the spec key."""
+    """Compose and check the arm at the corners of its space; UserError naming the spec key."""
+    from mars.errors import ConfigError
     from mars.optim import optimizer_names, registered
-    from mars.train.config import ConfigError, global_batch_size
+    from mars.train.config import global_batch_size
 
     where = f"study.arms.{arm.name}"
     try:
         cfg = _compose(study, arm, {})
     except ConfigError as e:
-        raise StudyError(f"{where}.overrides (with study.base): {e}") from None
+        raise UserError(f"{where}.overrides (with study.base): {e}") from None
     name = str(cfg.optimizer.name)
     keys = (
         [f.name for f in dataclasses.fields(registered(name).config)] if name in optimizer_names() else None
@@ -504,7 +505,7 @@ def check_arm(study: Study, arm: Arm) -> ArmConfig:
         field_name = key.split(".", 1)[1] if key.startswith("optimizer.") else None
         if keys is not None and field_name is not None and field_name not in keys:
             taken = ", ".join(k for k in keys if k != "name")
-            raise StudyError(
+            raise UserError(
                 f"{dist.where}: optimizer={name} has no key '{field_name}' (mars.optim's registry); "
                 f"its keys: {taken}"
             )
@@ -514,7 +515,7 @@ def check_arm(study: Study, arm: Arm) -> ArmConfig:
         except ConfigError as e:
             keys_named = [k for k in values if k in str(e)] or list(values)
             at = arm.space[keys_named[0]].where
-            raise StudyError(f"{at}: the arm does not compose {what} ({e})") from None
+            raise UserError(f"{at}: the arm does not compose {what} ({e})") from None
     _check_averaged_metric(study, where, cfg)
     tokens = int(cfg.train.max_steps) * global_batch_size(cfg, 1) * int(cfg.model.block_size)
     return ArmConfig(name, tokens, cfg.data)
@@ -525,7 +526,7 @@ def _check_averaged_metric(study: Study, where: str, cfg) -> None:
     without it no trial would log the key (found before any trial trains, not after the first)."""
     key = str(study.spec["metric"]["key"])
     if (key == "val/loss_avg" or key.startswith("downstream_avg/")) and str(cfg.train.average) == "off":
-        raise StudyError(
+        raise UserError(
             f"study.metric.key={key} is the averaged weights' loss, but {where} trains with "
             "train.average=off: add train.average=ema (or tail, decay_sqrt) to study.base, or use "
             f"study.metric.key={key.replace('_avg', '')}"
@@ -534,9 +535,9 @@ def _check_averaged_metric(study: Study, where: str, cfg) -> None:
 
 def check_sizes(study: Study, arm: Arm) -> list:
     """The arm's sizes (mars.study.scale.Size: budgets in steps, fork points, parameters), each composed
-    with its overrides and checked: StudyError naming the spec key. [] without budgets or sizes."""
-    from mars.study.scale import check_schedule, check_size_configs, size_of
-    from mars.train.config import ConfigError
+    with its overrides and checked: UserError naming the spec key. [] without budgets or sizes."""
+    from mars.errors import ConfigError
+    from mars.study.scale import check_schedule, size_of
 
     spec = study.spec
     if not spec["budgets"] and not spec["sizes"]:
@@ -548,7 +549,7 @@ def check_sizes(study: Study, arm: Arm) -> list:
         try:
             cfgs[name] = _compose(study, arm, {}, tuple(overrides))
         except ConfigError as e:
-            raise StudyError(f"{where} with study.arms.{arm.name}: {e}") from None
+            raise UserError(f"{where} with study.arms.{arm.name}: {e}") from None
         if len(spec["budgets"]) > 1:
             check_schedule(cfgs[name], f"study.arms.{arm.name}{f' at size {name}' if name else ''}")
     check_size_configs(study, cfgs)
@@ -558,7 +559,7 @@ def check_sizes(study: Study, arm: Arm) -> list:
 def valid(study: Study, arm: Arm, key: str, value: Any) -> str | None:
     """None when the arm composes with `key` at `value` (the other keys at their lower bounds), else the
     one-line reason."""
-    from mars.train.config import ConfigError
+    from mars.errors import ConfigError
 
     lows = dict(_corners(arm)[0][1])
     lows[key] = value
@@ -575,8 +576,8 @@ def prepare_data(configs: list[ArmConfig], write: bool = True) -> None:
     from omegaconf import OmegaConf
 
     from mars.data import ensure_prepared
-    from mars.data.errors import DataError
     from mars.data.prepare import check_ready
+    from mars.errors import DataError
 
     done: set[str] = set()
     for c in configs:
@@ -587,7 +588,7 @@ def prepare_data(configs: list[ArmConfig], write: bool = True) -> None:
         try:
             (ensure_prepared if write else check_ready)(c.data)
         except DataError as e:
-            raise StudyError(" ".join(str(e).split())) from None
+            raise UserError(" ".join(str(e).split())) from None
 
 
 def check_metric_key(key: str) -> None:
@@ -601,7 +602,7 @@ def check_metric_key(key: str) -> None:
         return
     keys = [k for k in TRAINER_KEYS if k not in ("step", "tokens", "time")]
     close = difflib.get_close_matches(key, keys, n=1)
-    raise StudyError(
+    raise UserError(
         f"study.metric.key={key!r} is a key no run logs"
         f"{f' (did you mean {close[0]}?)' if close else ''}: runs log {', '.join(keys)}, "
         f"{', '.join(f + 'KEY' for f in TRAINER_FAMILIES)} and the metrics plugins register"
@@ -610,15 +611,15 @@ def check_metric_key(key: str) -> None:
 
 def study_dir_ok(path: Path) -> None:
     """The study dir is a directory, or one can be made there."""
-    from mars.train.config import ConfigError
+    from mars.errors import ConfigError
     from mars.train.rundir import check_output_dir_writable
 
     if path.exists() and not path.is_dir():
-        raise StudyError(f"study.dir={path} is a file: choose a directory (created if missing)")
+        raise UserError(f"study.dir={path} is a file: choose a directory (created if missing)")
     try:
         check_output_dir_writable(str(path), "study.dir")
     except ConfigError as e:
-        raise StudyError(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -638,10 +639,10 @@ def check_spec_file(study: Study) -> None:
     try:
         old = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
-        raise StudyError(f"{path} cannot be read ({e}); restore it, or choose another study.dir") from None
+        raise UserError(f"{path} cannot be read ({e}); restore it, or choose another study.dir") from None
     diff = differences(identity(old), identity(study.spec))
     if diff:
-        raise StudyError(
+        raise UserError(
             f"{study.dir} holds a study of another spec ({path}): {'; '.join(diff)}; rerun it with "
             "that spec, or choose another study.dir"
         )
@@ -659,7 +660,7 @@ def check_storage_spec(study: Study, storage) -> None:
     diff = differences(identity(recorded), identity(study.spec))
     if diff:
         where = f"study.storage={shown(study.storage)} holds study {study.name!r}"
-        raise StudyError(
+        raise UserError(
             f"{where} of another spec: {'; '.join(diff)}; rerun it with that spec, or give this one "
             "another study.name or study.storage"
         )
@@ -680,13 +681,13 @@ def check_dirs(study: Study, read_trials) -> None:
     known = {t.dir.resolve(): t for t in read_trials() if t.dir is not None}
     unknown = [d for d in runs if d.resolve() not in known]
     if unknown:
-        raise StudyError(
+        raise UserError(
             f"{unknown[0]} holds a run that study.storage={shown(study.storage)} does not record (was the "
             "storage replaced?): restore that storage, or move the run away (or choose another study.dir)"
         )
     for path, t in known.items():
         if t.state == "COMPLETE" and not Path(path).is_dir():
-            raise StudyError(
+            raise UserError(
                 f"the storage records {t.arm} {t.phase} trial {t.index} as finished, but its run dir "
                 f"{path} is gone: restore it, or start again in another study.dir"
             )
@@ -729,6 +730,29 @@ def budget_lines(study: Study, configs: dict, finals: bool = True) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # Where two nested configs differ, key by key, with both values: a study dir's spec against the
 # command's (mars.study.spec) and the composed configs of a ladder's sizes (mars.study.scale).
+
+
+def check_size_configs(study, cfgs: dict[str, Any]) -> None:
+    """The composed config of each size (of one arm): everything but the model equal, one family."""
+    from omegaconf import OmegaConf
+
+    names = list(cfgs)
+    first = cfgs[names[0]]
+    ref = {k: v for k, v in OmegaConf.to_container(first, resolve=True).items() if k != "model"}
+    for name in names[1:]:
+        cfg = cfgs[name]
+        if str(cfg.model.arch) != str(first.model.arch):
+            raise UserError(
+                f"study.sizes.{name} is model.arch={cfg.model.arch}, study.sizes.{names[0]} "
+                f"{first.model.arch}: a ladder of sizes keeps one family (give shape overrides only)"
+            )
+        other = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "model"}
+        if other != ref:
+            diff = differences(ref, other, "")
+            raise UserError(
+                f"study.sizes.{name} changes more than the model's shape ({'; '.join(diff)[:200]}): a size "
+                "may only change model keys"
+            )
 
 
 def differences(old: dict, new: dict, prefix: str = "study") -> list[str]:

@@ -1,5 +1,4 @@
-"""Where a study keeps its state, and how several drivers share it: the optuna storage, nothing else;
-and what it holds, read back as plain records (the driver and the report share them).
+"""Where a study keeps its state, and how several drivers share it: the optuna storage, nothing else.
 
 The storage (default: SQLite, STUDY_DIR/study.db; any SQLAlchemy URL optuna's RDBStorage takes, e.g.
 postgresql://user@host/db for drivers on several machines) holds one optuna study per arm and search
@@ -25,19 +24,15 @@ honour), in two tables of their own next to optuna's:
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from mars.errors import StudyError
-from mars.study.search import Dist, Round, choice_value
+from mars.errors import UserError
 
 DB_FILE = "study.db"
 HEARTBEAT_S = 5.0  # a driver renews its heartbeat this often
@@ -69,7 +64,7 @@ def shown(url: str) -> str:
 
 
 def open_storage(url: str, create: bool = True):
-    """optuna's RDBStorage at `url` with the tables of this module, or a StudyError naming study.storage
+    """optuna's RDBStorage at `url` with the tables of this module, or a UserError naming study.storage
     (its password masked) and the fix: a URL that is no database URL, a driver that is not installed (the
     package named), a server that cannot be reached (the address), a refused login. create=False: a
     SQLite file that does not exist yet is not made (an empty in-memory storage stands for it, after its
@@ -82,7 +77,7 @@ def open_storage(url: str, create: bool = True):
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise StudyError(
+        raise UserError(
             f"study.storage={url!r} is not a database URL (e.g. sqlite:////abs/path/study.db, "
             "postgresql://user@host/dbname)"
         ) from None
@@ -91,7 +86,7 @@ def open_storage(url: str, create: bool = True):
     kwargs: dict = {}
     if backend == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
-            raise StudyError(
+            raise UserError(
                 f"{where}: an in-memory SQLite database dies with the driver; give a file "
                 "(sqlite:////abs/path/study.db) or leave study.storage unset"
             )
@@ -106,7 +101,7 @@ def open_storage(url: str, create: bool = True):
             with open(path, "a"):
                 pass
         except OSError as e:
-            raise StudyError(f"{where}: cannot write {path} ({e.strerror or e}); choose another") from None
+            raise UserError(f"{where}: cannot write {path} ({e.strerror or e}); choose another") from None
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}  # several drivers wait for the file lock
     elif backend == "postgresql" and "connect_timeout" not in parsed.query:
         kwargs["engine_kwargs"] = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
@@ -119,14 +114,14 @@ def open_storage(url: str, create: bool = True):
         _create_tables(storage.engine)
         return storage
     except NoSuchModuleError:
-        raise StudyError(
+        raise UserError(
             f"{where}: SQLAlchemy knows no database {backend!r}; use sqlite:///..., postgresql://..., "
             "mysql://..."
         ) from None
     except ImportError as e:  # optuna wraps the driver's ModuleNotFoundError
-        raise StudyError(_missing_driver(where, e)) from None
+        raise UserError(_missing_driver(where, e)) from None
     except Exception as e:  # noqa: BLE001 - a database error of any driver: one line, never a traceback
-        raise StudyError(_cannot_open(where, parsed, e)) from None
+        raise UserError(_cannot_open(where, parsed, e)) from None
 
 
 def _rdb_storage(url: str, kwargs: dict):
@@ -392,113 +387,3 @@ def _age(now, beat) -> float:
     if (now.tzinfo is None) != (beat.tzinfo is None):
         now, beat = now.replace(tzinfo=None), beat.replace(tzinfo=None)
     return (now - beat).total_seconds()
-
-
-# --------------------------------------------------------------------------------------------------
-# What the storage holds about a study, read back as plain records (the driver and the report share them).
-#
-# optuna studies of a study NAME (mars.study.storage): NAME (user attr "spec"), NAME/ARM/searchR (user
-# attrs: the round's "space", "sample", "trials", "offset", "notes"), NAME/ARM/final (user attr "plan":
-# the finals, each {rank, seed, params, source}). Each trial's user attrs: "driver" (while it runs),
-# "dir", and once finished "result": {"status" (completed | diverged), "message", "tokens", "train_s",
-# "process_s" (launch to exit, summed over attempts), "overhead_s" (the driver's own time for it),
-# "attempts"} (TrialRecord.attrs holds both levels).
-
-
-SEARCH_PREFIX = "search"
-
-
-def dist_to_dict(d: Dist) -> dict:
-    return {
-        "key": d.key,
-        "kind": d.kind,
-        "lo": d.lo,
-        "hi": d.hi,
-        "choices": list(d.choices),
-        "where": d.where,
-    }
-
-
-def dist_from_dict(x: dict) -> Dist:
-    return Dist(x["key"], x["kind"], x["lo"], x["hi"], tuple(x["choices"]), x.get("where", ""))
-
-
-def round_attrs(r: Round) -> dict:
-    return {
-        "round": r.number,
-        "space": [dist_to_dict(d) for d in r.space.values()],
-        "sample": [dist_to_dict(d) for d in r.sample.values()],
-        "trials": r.trials,
-        "offset": r.offset,
-        "notes": list(r.notes),
-    }
-
-
-def round_from_attrs(a: dict) -> Round:
-    space = {x["key"]: dist_from_dict(x) for x in a["space"]}
-    sample = {x["key"]: dist_from_dict(x) for x in a["sample"]}
-    return Round(int(a["round"]), space, sample, int(a["trials"]), int(a["offset"]), tuple(a["notes"]))
-
-
-@dataclass
-class TrialRecord:
-    arm: str
-    phase: str  # search | final
-    round: int  # search round (-1 for finals)
-    number: int  # the trial's number in its optuna study
-    index: int  # search: the arm's trial index (its dir's number); final: the plan's index
-    params: dict[str, Any]
-    state: str  # optuna's: RUNNING, COMPLETE, FAIL, ...
-    value: float | None
-    attrs: dict = field(default_factory=dict)
-
-    @property
-    def status(self) -> str:
-        """completed | diverged | running | failed (abandoned before its values were drawn)."""
-        if self.state == "COMPLETE":
-            return str(self.attrs.get("status", "completed"))
-        return "running" if self.state == "RUNNING" else "failed"
-
-    @property
-    def dir(self) -> Path | None:
-        d = self.attrs.get("dir")
-        return Path(d) if d else None
-
-    @property
-    def finite(self) -> bool:
-        return self.state == "COMPLETE" and self.value is not None and math.isfinite(self.value)
-
-
-def study_name(name: str, arm: str, phase: str, round_number: int = 0) -> str:
-    return f"{name}/{arm}/{SEARCH_PREFIX}{round_number}" if phase == "search" else f"{name}/{arm}/final"
-
-
-def relocated(path: Path, root: Path) -> Path:
-    """A trial's recorded run dir (STUDY/search/ARM[/SCOPE]/NNN or STUDY/final/ARM/NAME) under the study
-    dir `root` as it is now."""
-    parts = path.parts
-    start = max((i for i, part in enumerate(parts) if part in ("search", "final")), default=len(parts) - 3)
-    return root.joinpath(*parts[start:])
-
-
-def records_of(
-    optuna_study, arm: str, phase: str, round_number: int = -1, offset: int = 0, root: Path | None = None
-) -> list[TrialRecord]:
-    """The trials of one optuna study. root: the study dir now; a trial's recorded dirs (written as
-    absolute paths) are read under it (relocated), so a study dir that was moved or copied elsewhere
-    finds its trials' run dirs."""
-    out = []
-    for t in optuna_study.get_trials(deepcopy=False):
-        if phase == "search":
-            params = {k: choice_value(v) for k, v in t.params.items()}
-            index = offset + t.number
-        else:
-            params = dict(t.user_attrs.get("params", {}))
-            index = t.number
-        value = t.value if t.state.name == "COMPLETE" else None
-        attrs = {**t.user_attrs, **t.user_attrs.get("result", {})}  # the driver stores a result in one attr
-        for key in ("dir", "trunk_dir"):
-            if root is not None and attrs.get(key):
-                attrs[key] = str(relocated(Path(attrs[key]), Path(root)))
-        out.append(TrialRecord(arm, phase, round_number, t.number, index, params, t.state.name, value, attrs))
-    return out

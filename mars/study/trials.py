@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mars.entry import hydra_value
-from mars.errors import StudyError
+from mars.errors import UserError
 
 SEARCH, FINAL = "search", "final"
 LAUNCH_LOG = "launch.log"
@@ -93,8 +93,8 @@ class Result:
 def read_result(run_dir: Path, metric, summary: str, since: float) -> Result | str:
     """The finished trial's result, or why it has none (a failure to report): `since` is when this
     attempt was launched (an older outcome.json is an earlier attempt's)."""
-    from mars.analysis.errors import AnalysisError
     from mars.analysis.runs import load_run
+    from mars.errors import UserError
     from mars.train.outcome import read_outcome
 
     outcome = read_outcome(run_dir, since)
@@ -104,7 +104,7 @@ def read_result(run_dir: Path, metric, summary: str, since: float) -> Result | s
         return "preempted"
     try:
         run = load_run(run_dir)
-    except AnalysisError as e:  # its metrics.jsonl damaged
+    except UserError as e:  # its metrics.jsonl damaged
         return str(e)
     tokens = run.last_tokens
     seconds = max(
@@ -199,13 +199,13 @@ class LocalLauncher:
         self.capacity = int(n_jobs)
         self.slots: list[list[str]] = []
         if self.gpus_per_job > 0:
-            from mars.train.config import ConfigError
+            from mars.errors import ConfigError
             from mars.train.launch import gpu_slots, visible_gpus
 
             try:
                 self.slots = gpu_slots(visible_gpus(), self.gpus_per_job)
             except ConfigError as e:
-                raise StudyError(
+                raise UserError(
                     str(e).replace("launch.gpus_per_job", "study.launcher.gpus_per_job")
                 ) from None
             self.capacity = min(self.capacity, len(self.slots))
@@ -267,7 +267,7 @@ class SubmititLauncher:
         try:
             import submitit
         except ModuleNotFoundError:
-            raise StudyError(
+            raise UserError(
                 "study.launcher.name=submitit needs submitit: pip install hydra-submitit-launcher"
             ) from None
         params = dict(params)
@@ -276,7 +276,7 @@ class SubmititLauncher:
         try:
             self.executor.update_parameters(**params)
         except (TypeError, ValueError) as e:
-            raise StudyError(f"study.launcher.submitit: {e}") from None
+            raise UserError(f"study.launcher.submitit: {e}") from None
         self.capacity, self.command = int(n_jobs), command
 
     def start(self, job: Job) -> SubmititHandle:

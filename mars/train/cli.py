@@ -38,7 +38,6 @@ from mars.entry import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
-    UsageError,
     hydra_args,
     hydra_value,
     is_composition_error,
@@ -46,8 +45,8 @@ from mars.entry import (
     resolve_all,
     sweep_combinations,
 )
-from mars.plugins import PluginError
-from mars.train.config import ConfigError, config_dir, register_configs, validate
+from mars.errors import ConfigError, UserError
+from mars.train.config import config_dir, register_configs, validate
 from mars.train.distributed import (
     adopt_slurm_env,
     die_with_agent,
@@ -56,14 +55,7 @@ from mars.train.distributed import (
     launched_distributed,
     peer_failure,
 )
-from mars.train.hydra_dirs import (
-    BASIC_LAUNCHER,
-    drop_hydra_node,
-    job_dir,
-    job_subdir,
-    launcher,
-    output_dir,
-)
+from mars.train.hydra_dirs import BASIC_LAUNCHER, drop_hydra_node, job_dir, job_subdir, launcher, output_dir
 
 log = logging.getLogger("mars.train")
 
@@ -238,8 +230,8 @@ def _place(plan: Plan, name: str, overrides: list[str], places: list) -> None:
 
 def _check_sources(plan: Plan) -> None:
     """train.fork_from / train.init_from name a checkpoint (or HF directory) this run can start from
-    (mars.train.forks.check_source): verified, healthy, of the config's model and fixed keys."""
-    from mars.train.forks import check_source
+    (mars.train.rundir.check_source): verified, healthy, of the config's model and fixed keys."""
+    from mars.train.rundir import check_source
 
     dirs = plan.job_dirs if plan.multirun else [plan.out_dir]
     for cfg, run_dir in zip(plan.cfgs, dirs, strict=False):
@@ -251,7 +243,7 @@ def _check_sources(plan: Plan) -> None:
 
 
 def _check_resume_path(cfg) -> None:
-    """train.resume=PATH names a complete checkpoint (else CheckpointNotFoundError: what the command
+    """train.resume=PATH names a complete checkpoint (else CheckpointError: what the command
     names cannot be used) holding a model of the config's architecture and shape (else ConfigError),
     checked before Hydra makes a run dir (the other resume checks need the run dir:
     mars.train.rundir.choose_start)."""
@@ -262,7 +254,7 @@ def _check_resume_path(cfg) -> None:
         return
     chosen = ckpt.resolve_checkpoint(Path(str(resume)).expanduser())
     if chosen is None:
-        raise ckpt.CheckpointNotFoundError(
+        raise ckpt.CheckpointError(
             f"train.resume={resume}: no complete checkpoint there; give a run dir, its ckpt/ folder or a "
             "ckpt/step_XXXXXXXX folder (or train.resume=auto)"
         )
@@ -379,15 +371,6 @@ def _lost_rank_line(lost: str, trainer, run_dir: Path, rank: int, world_size: in
     )
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from mars.checkpoint import CheckpointError
-    from mars.data.errors import DataError
-    from mars.train.outcome import TrainingDivergedError
-    from mars.train.runlock import RunDirLockError
-
-    return (ConfigError, DataError, CheckpointError, TrainingDivergedError, RunDirLockError)
-
-
 def _interrupted_line() -> str:
     """The line of a run stopped by a second Ctrl-C, with the command that continues it."""
     from hydra.core.hydra_config import HydraConfig
@@ -422,7 +405,7 @@ def _task(cfg: DictConfig) -> None:
             return
         with recorded(_own_run_dir()) as outcome:  # RUN_DIR/outcome.json (mars.train.outcome)
             outcome.status = run(cfg)
-    except _user_errors() as e:
+    except UserError as e:
         _fail(str(e), EXIT_FAILED)
     except LostRankError as e:  # every surviving rank got here: one line per node
         _fail(str(e), EXIT_FAILED, all_ranks=os.environ.get("LOCAL_RANK", "0") == "0")
@@ -459,7 +442,7 @@ def main() -> None:
     try:
         try:
             register_configs()
-        except PluginError as e:
+        except ConfigError as e:
             _fail(str(e), EXIT_USAGE)
         adopt_slurm_env()  # `srun python train.py`: know this task's rank before choosing who writes
         die_with_agent()  # under torchrun: a rank does not outlive its agent
@@ -471,16 +454,16 @@ def main() -> None:
             )
         try:
             plan = precheck(sys.argv[1:])
-        except (ConfigError, UsageError) as e:
+        except ConfigError as e:
             _fail(str(e), EXIT_USAGE, all_ranks=False)
-        except _user_errors() as e:  # train.resume=PATH without a checkpoint: before any run dir exists
+        except UserError as e:  # train.resume=PATH without a checkpoint: before any run dir exists
             _fail(str(e), EXIT_FAILED, all_ranks=False)
         if launched_distributed() and env_rank() != 0:
             sys.argv.extend(_rank_local_overrides())
         with ExitStack() as stack:
             try:
                 _claim(plan, stack)
-            except _user_errors() as e:
+            except UserError as e:
                 _fail(str(e), EXIT_FAILED)
             hydra.main(config_path=config_dir(), config_name=CONFIG_NAME, version_base="1.3")(_task)()
     except KeyboardInterrupt:

@@ -17,16 +17,13 @@ from omegaconf import MISSING
 
 from mars.checks import above, at_least, at_most, choice, fraction, get, reported_as
 from mars.data.config import DataConfig
+from mars.errors import ConfigError
+from mars.train.schedule import SCHEDULES
 from mars.wandb_mode import WANDB_MODES
 
-SCHEDULES = ("cosine", "linear", "wsd", "constant")
 GRAD_REDUCTIONS = ("mean", "sum")
 DTYPES = ("auto", "float32", "bfloat16")
 PARALLEL_MODES = ("ddp", "fsdp")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key, the value and the fix."""
 
 
 @dataclass
@@ -181,18 +178,18 @@ def register_configs() -> None:
 
 def _schema(group: str, name: str, config: type) -> type:
     """A registered config dataclass, checked to be one a Hydra config can hold (a plugin's field may
-    have any type): PluginError naming the field and the fix otherwise."""
+    have any type): ConfigError naming the field and the fix otherwise."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from mars.plugins import PluginError
+    from mars.errors import ConfigError
 
     try:
         OmegaConf.structured(config)
     except OmegaConfBaseException as e:
         key = f"{group}.{e.full_key}" if getattr(e, "full_key", None) else group
         problem = str(getattr(e, "msg", None) or e).splitlines()[0]
-        raise PluginError(
+        raise ConfigError(
             f"{group}={name}: {key} of {config.__module__}.{config.__qualname__} cannot be a config field "
             f"({problem}): give it a type a Hydra config holds (int, float, bool, str, an Enum, a dataclass, "
             "a list or dict of those, or Optional of one) and convert it where the value is used"
@@ -358,12 +355,13 @@ def _check_model(cfg: Any) -> None:
 
 def _check_tokenizer(cfg: Any) -> None:
     """data.tokenizer loads, and model.vocab_size holds its vocabulary (GPT-2's: 50257 tokens)."""
-    from mars.data.tokenizer import TokenizerError, tokenizer_info
+    from mars.data.tokenizer import tokenizer_info
+    from mars.errors import DataError
 
     name = str(get(cfg, "data.tokenizer"))
     try:
         info = tokenizer_info(name)
-    except TokenizerError as e:
+    except DataError as e:
         raise ConfigError(str(e)) from None
     vocab = int(get(cfg, "model.vocab_size"))
     if vocab < info.vocab_size:
@@ -375,13 +373,13 @@ def _check_tokenizer(cfg: Any) -> None:
 
 
 def _check_data(cfg: Any) -> None:
-    from mars.data.errors import DataConfigError
     from mars.data.registry import check_values
+    from mars.errors import ConfigError
 
     node = get(cfg, "data")
     try:
         check_values(node)
-    except DataConfigError as e:
+    except ConfigError as e:
         raise ConfigError(str(e)) from None
     val, eval_steps = int(get(cfg, "data.val_tokens")), int(get(cfg, "train.eval_steps"))
     window = int(get(cfg, "model.block_size")) + 1
@@ -466,7 +464,9 @@ def _check_optimizer(cfg: Any) -> None:
     model = get(cfg, "model")
     mup = model.get("parametrization") if hasattr(model, "get") else getattr(model, "parametrization", None)
     if mup == "mup":  # the optimizer has a muP rule (mars.optim.mup)
+        from mars.optim import registered
         from mars.optim.mup import refusal
 
-        if refusal(opt.name):
-            raise ConfigError(refusal(opt.name))
+        why = refusal(opt.name, registered(opt.name).mup)
+        if why:
+            raise ConfigError(why)

@@ -25,7 +25,7 @@ import mars.checkpoint as ckpt
 from mars.checkpoint.layout import MODEL_CONFIG, MODEL_WEIGHTS, RUN_CONFIG, SHARDED_DIR
 from mars.checkpoint.lineage import HF_CONFIG, HF_WEIGHTS, is_hf_dir
 from mars.checks import get
-from mars.train.config import ConfigError
+from mars.errors import ConfigError
 
 NO_PATH = (None, "", "none", "null")
 
@@ -41,7 +41,7 @@ def source_checkpoint(key: str, value: str) -> Path:
     """The step dir `key`=`value` names (a step dir, a run dir or its ckpt/: the newest complete one)."""
     chosen = ckpt.resolve_checkpoint(Path(str(value)).expanduser())
     if chosen is None:
-        raise ckpt.CheckpointNotFoundError(
+        raise ckpt.CheckpointError(
             f"{key}={value}: no complete checkpoint there; give a run dir, its ckpt/ folder or a "
             "ckpt/step_XXXXXXXX folder"
         )
@@ -391,45 +391,4 @@ def init_weights(model, source: str) -> None:
             f"train.init_from={path}: its {live} vocabulary rows fill model.vocab_size={vocab}; the "
             f"{vocab - live} rows it lacks are masked out of the softmax (model.live_vocab_size={live} in "
             "the checkpoints' model.json)"
-        )
-
-
-def check_source(cfg: Any, run_dir: Path | None, world_size: int) -> None:
-    """Before Hydra writes the run dir (rank 0): the source train.fork_from or train.init_from names (or
-    train.resume=PATH, when it names another run dir's checkpoint: a fork of it) can start this run, and
-    does not lie in the run dir that train.overwrite=true would move aside first. Skipped where
-    train.resume=auto will continue the run dir's own checkpoints."""
-    t = cfg.train
-    resume_path = t.resume not in (*NO_PATH, "auto")
-    if not (given(t.fork_from) or given(t.init_from) or resume_path):
-        return
-    if t.resume == "auto" and run_dir is not None and ckpt.list_checkpoints(Path(run_dir) / ckpt.CKPT_DIR):
-        return
-    key = next(k for k in ("train.fork_from", "train.init_from", "train.resume") if given(get(cfg, k)))
-    source = Path(str(get(cfg, key))).expanduser()
-    if key == "train.resume":
-        step_dir = ckpt.resolve_checkpoint(source)
-        if step_dir is None or run_dir is None or step_dir.resolve().parent.parent == Path(run_dir).resolve():
-            return  # this run dir's own checkpoint (mars.train.rundir.choose_start), or none (refused there)
-        check_fork(cfg, world_size, key)
-        return
-    _refuse_own_source(cfg, key, source, run_dir)
-    if key == "train.fork_from":
-        check_fork(cfg, world_size)
-    else:
-        check_init(cfg)
-
-
-def _refuse_own_source(cfg: Any, key: str, source: Path, run_dir: Path | None) -> None:
-    """A source inside the run dir whose run train.overwrite=true moves aside before this run starts:
-    the run would move its own source away (its parent with it), then fail to find it."""
-    from mars.train.rundir import holds_a_run
-
-    if run_dir is None or not cfg.train.overwrite or not holds_a_run(Path(run_dir)):
-        return
-    if source.resolve().is_relative_to(Path(run_dir).resolve()):
-        raise ConfigError(
-            f"{key}={source} lies in hydra.run.dir={run_dir}, whose run train.overwrite=true would move "
-            "aside before this run starts, its source with it: start this run in another hydra.run.dir "
-            "(nothing was moved)"
         )

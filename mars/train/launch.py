@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from mars.train.config import ConfigError
+from mars.errors import ConfigError
 
 log = logging.getLogger("mars.train")
 SLOTS_DIR = ".gpu_slots"

@@ -108,14 +108,15 @@ def register_metric(name: str, fn: Callable[[Any, Any], Any]) -> None:
     --metric (its direction: mars.analysis.metric).
 
     A name is registered once: a key the trainer writes itself (TRAINER_KEYS: train/loss, lr, ...) or
-    another function under a registered name is refused in one line (mars.plugins.RegistrationError);
+    another function under a registered name is refused in one line (mars.plugins.ConfigError);
     the same function again (its module imported a second time) changes nothing."""
-    from mars.plugins import RegistrationError, qualified_name
+    from mars.errors import ConfigError
+    from mars.plugins import qualified_name
 
     _check_name(name, fn)
     if name in TRAINER_KEYS or (name + "/").startswith(TRAINER_FAMILIES):
         module = getattr(fn, "__module__", None) or "?"
-        raise RegistrationError(
+        raise ConfigError(
             f"register_metric({name!r}): mars.train.trainer writes {name!r} itself (its keys: "
             f"{', '.join(TRAINER_KEYS)}, {', '.join(f + '*' for f in TRAINER_FAMILIES)}), so "
             f"{qualified_name(fn)} from {module} would overwrite it in metrics.jsonl: name the metric "
@@ -180,8 +181,8 @@ def _read(
 ) -> None:
     """Add a metric's value(s) to `out` as floats; ConfigError naming the metric for a value that is not
     a number, or a key the trainer (or another metric) writes; a built-in metric writes its own keys."""
+    from mars.errors import ConfigError
     from mars.plugins import qualified_name
-    from mars.train.config import ConfigError
 
     items = value.items() if isinstance(value, dict) else [(None, value)]
     for key, v in items:
@@ -207,8 +208,8 @@ def logged_metrics(model, optimizer) -> dict[str, float]:
     ConfigError naming the metric when one fails or returns something that is not a number."""
     import torch
 
+    from mars.errors import ConfigError
     from mars.plugins import qualified_name
-    from mars.train.config import ConfigError
 
     out: dict[str, float] = {}
     for builtin, table in ((True, _BUILTIN), (False, _REGISTERED)):

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mars.errors import UserError
 from mars.files import write_atomic
 
 OUTCOME_FILE = "outcome.json"
@@ -34,7 +35,7 @@ STATUSES = ("completed", "preempted", "diverged")
 NOT_SETTINGS = ("resume", "overwrite")  # train.* keys that say how a run starts, not how it trains
 
 
-class TrainingDivergedError(RuntimeError):
+class TrainingDivergedError(UserError):
     """Too many non-finite steps in a row (or a resume that would replay them). `settings`: the
     settings_digest of the run's config."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mars.checkpoint import CheckpointMismatchError
+from mars.errors import CheckpointError
 
 FIXED_KEYS = (
     "optimizer.name",
@@ -113,13 +113,13 @@ def check_resume_config(
     """Refuse to continue `step_dir` under a config that changes what the run is."""
     theirs, ours = (_flat(c).get("model.arch") or "gpt2" for c in (saved, new))
     if theirs != ours:
-        raise CheckpointMismatchError(
+        raise CheckpointError(
             f"cannot resume {step_dir} with this config: it holds a model.arch={theirs} model, the config "
             f"asks for model.arch={ours}; resume it with a model={theirs}_* preset, or start a new run dir"
         )
     diffs = fixed_differences(saved, new, saved_world_size, world_size)
     if diffs:
-        raise CheckpointMismatchError(
+        raise CheckpointError(
             f"cannot resume {step_dir} with this config: {'; '.join(diffs)} (these keys are fixed for a "
             "run: model architecture and shape, optimizer and its state layout, data, global batch, "
             "seeds); resume with the checkpoint's values, or start a new run (another hydra.run.dir) "

@@ -37,14 +37,16 @@ import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import mars.checkpoint as ckpt
 from mars.checkpoint.lineage import LINEAGE_FILE
+from mars.checks import get
 from mars.entry import hydra_value
+from mars.errors import ConfigError
 from mars.files import nearest_existing, try_create_dir_in
 from mars.train import runlock
-from mars.train.config import ConfigError
-from mars.train.forks import given, source_checkpoint
+from mars.train.forks import NO_PATH, check_fork, check_init, given, source_checkpoint
 from mars.train.metrics import METRICS_FILE
 from mars.train.outcome import OUTCOME_FILE
 from mars.train.resume import check_resume_config
@@ -267,7 +269,7 @@ def choose_start(cfg, run_dir: Path, world_size: int) -> Path | None:
     check_resume_config(chosen, ckpt.read_run_config(chosen), cfg, meta.get("world_size"), world_size)
     ckpt.check_model_shape(chosen, cfg.model)
     if meta["step"] > t.max_steps:
-        raise ckpt.CheckpointMismatchError(
+        raise ckpt.CheckpointError(
             f"train.max_steps={t.max_steps} is below the step of {chosen} ({meta['step']}): the run is "
             f"already past it; raise train.max_steps above {meta['step']} to train on from it, or "
             "evaluate or export it as it is"
@@ -426,3 +428,42 @@ def resume_command(
     ]
     args = kept + [f"{k}={hydra_value(v)}" for k, v in updates.items()]
     return " ".join([*_launcher(world_size), *(shlex.quote(a) for a in args)])
+
+
+def check_source(cfg: Any, run_dir: Path | None, world_size: int) -> None:
+    """Before Hydra writes the run dir (rank 0): the source train.fork_from or train.init_from names (or
+    train.resume=PATH, when it names another run dir's checkpoint: a fork of it) can start this run, and
+    does not lie in the run dir that train.overwrite=true would move aside first. Skipped where
+    train.resume=auto will continue the run dir's own checkpoints."""
+    t = cfg.train
+    resume_path = t.resume not in (*NO_PATH, "auto")
+    if not (given(t.fork_from) or given(t.init_from) or resume_path):
+        return
+    if t.resume == "auto" and run_dir is not None and ckpt.list_checkpoints(Path(run_dir) / ckpt.CKPT_DIR):
+        return
+    key = next(k for k in ("train.fork_from", "train.init_from", "train.resume") if given(get(cfg, k)))
+    source = Path(str(get(cfg, key))).expanduser()
+    if key == "train.resume":
+        step_dir = ckpt.resolve_checkpoint(source)
+        if step_dir is None or run_dir is None or step_dir.resolve().parent.parent == Path(run_dir).resolve():
+            return  # this run dir's own checkpoint (mars.train.rundir.choose_start), or none (refused there)
+        check_fork(cfg, world_size, key)
+        return
+    _refuse_own_source(cfg, key, source, run_dir)
+    if key == "train.fork_from":
+        check_fork(cfg, world_size)
+    else:
+        check_init(cfg)
+
+
+def _refuse_own_source(cfg: Any, key: str, source: Path, run_dir: Path | None) -> None:
+    """A source inside the run dir whose run train.overwrite=true moves aside before this run starts:
+    the run would move its own source away (its parent with it), then fail to find it."""
+    if run_dir is None or not cfg.train.overwrite or not holds_a_run(Path(run_dir)):
+        return
+    if source.resolve().is_relative_to(Path(run_dir).resolve()):
+        raise ConfigError(
+            f"{key}={source} lies in hydra.run.dir={run_dir}, whose run train.overwrite=true would move "
+            "aside before this run starts, its source with it: start this run in another hydra.run.dir "
+            "(nothing was moved)"
+        )

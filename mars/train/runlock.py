@@ -21,22 +21,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from mars.errors import RunDirBusyError, UserError
+
 LOCK_FILE = ".run.lock"
 NOTE_WAIT_S = 3.0  # how long a refused run waits for the holder's note (written just after the lock)
 
 _held: dict[Path, int] = {}  # run dirs this process holds -> the lock file's descriptor
-
-
-class RunDirLockError(RuntimeError):
-    """The run dir cannot be held: another live process holds it, or its lock file cannot be opened."""
-
-
-class RunDirBusyError(RunDirLockError):
-    """Another live process holds the run dir (`holder` describes it)."""
-
-    def __init__(self, message: str, holder: str = ""):
-        super().__init__(message)
-        self.holder = holder
 
 
 def _recorded(fd: int) -> dict | None:
@@ -103,18 +93,18 @@ def busy(run_dir: str | os.PathLike) -> bool:
 
 
 def _open_lock_file(path: Path, key: str) -> int:
-    """The descriptor of path/LOCK_FILE (path created if missing); RunDirLockError when it cannot be."""
+    """The descriptor of path/LOCK_FILE (path created if missing); UserError when it cannot be."""
     lock = path / LOCK_FILE
     try:
         path.mkdir(parents=True, exist_ok=True)
         return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # not truncated: it names the holder
     except IsADirectoryError:
-        raise RunDirLockError(
+        raise UserError(
             f"{lock} is a directory, where a run keeps its lock file: remove it if it is empty "
             f"(rmdir {lock}) or move it away, or choose another {key}"
         ) from None
     except OSError as e:
-        raise RunDirLockError(
+        raise UserError(
             f"{key}={path}: cannot open its lock file {lock} ({e.strerror or e}); choose another {key}"
         ) from None
 
@@ -122,7 +112,7 @@ def _open_lock_file(path: Path, key: str) -> int:
 @contextmanager
 def hold(run_dir: str | os.PathLike, key: str = "hydra.run.dir"):
     """Hold run_dir for the block (created if missing); RunDirBusyError when a live process holds it,
-    RunDirLockError when its lock file cannot be opened (a directory in its place). Re-entrant within a
+    UserError when its lock file cannot be opened (a directory in its place). Re-entrant within a
     process. `key` names the setting to change in the refusal."""
     path = Path(run_dir).resolve()
     if path in _held:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 
 from mars.checks import choice, fraction, reported_as
-from mars.train.config import SCHEDULES, ConfigError
+from mars.errors import ConfigError
+
+SCHEDULES = ("cosine", "linear", "wsd", "constant")
 
 
 class LRSchedule:
@@ -116,10 +118,7 @@ class GammaSchedule:
     """
 
     def __init__(self, peak: float, cfg, max_steps: int):
-        try:
-            cfg.validate(peak, max_steps)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        """cfg: a validated GammaScheduleConfig (the optimizer config's validate() checks it)."""
         self.peak, self.name = float(peak), cfg.name
         self.start, self.end = float(cfg.start), float(cfg.end)
         self.warmup_steps = int(cfg.warmup_steps)

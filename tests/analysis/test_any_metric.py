@@ -58,10 +58,10 @@ def test_trainer_and_analysis_share_one_metrics_jsonl_reader_and_encoder(tmp_pat
 
 
 def test_analysis_refuses_a_run_dir_with_a_damaged_line_in_one_line(tmp_path):
-    from mars.analysis import AnalysisError
+    from mars.analysis import UserError
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "tokens": 8, "val/loss": 3.0}\n{"ste\n{"step": 2')
-    with pytest.raises(AnalysisError) as e:  # a torn last line alone is fine, a damaged one before it is not
+    with pytest.raises(UserError) as e:  # a torn last line alone is fine, a damaged one before it is not
         load_run(tmp_path)
     assert str(e.value).startswith(f"{tmp_path / 'metrics.jsonl'} line 2 is not a JSON object")
     assert "\n" not in str(e.value)

@@ -219,12 +219,12 @@ def test_labels_name_the_architecture_and_its_own_keys_only_where_they_vary():
 
 
 def test_runs_of_two_architectures_are_not_compared_unless_a_sweep_chose_them(tmp_path):
-    from mars.analysis.errors import AnalysisError
     from mars.analysis.groups import check_comparable
+    from mars.errors import UserError
 
     write_run(tmp_path / "a" / "0", config(), [], power_law)
     write_run(tmp_path / "b" / "0", llama(), [], power_law)
-    with pytest.raises(AnalysisError, match=r"runs differ in model\.arch \(gpt2 in 1 run .*, llama in 1 run"):
+    with pytest.raises(UserError, match=r"runs differ in model\.arch \(gpt2 in 1 run .*, llama in 1 run"):
         check_comparable(load_runs([tmp_path / "a", tmp_path / "b"]))
     write_run(tmp_path / "s" / "0", config(), ["model=gpt2_tiny"], power_law)
     write_run(tmp_path / "s" / "1", llama(), ["model=llama_tiny"], power_law)

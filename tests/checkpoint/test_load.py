@@ -5,14 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mars.checkpoint import (
-    CheckpointError,
-    CheckpointNotFoundError,
-    find_checkpoint,
-    latest_checkpoint,
-    load_model,
-)
+from mars.checkpoint import find_checkpoint, latest_checkpoint, load_model
 from mars.checkpoint.model_dir import save_model
+from mars.errors import CheckpointError
 
 
 def make_step(root, step, model, meta=True, config_yaml=None):
@@ -103,12 +98,12 @@ def test_latest_checkpoint_of_missing_or_empty_root(tmp_path):
 
 
 def test_missing_path(tmp_path):
-    with pytest.raises(CheckpointNotFoundError, match="does not exist"):
+    with pytest.raises(CheckpointError, match="does not exist"):
         load_model(tmp_path / "nope")
 
 
 def test_directory_without_checkpoint_says_what_was_looked_for(tmp_path):
-    with pytest.raises(CheckpointNotFoundError, match=r"looked for .*model\.safetensors.*step_XXXXXXXX") as e:
+    with pytest.raises(CheckpointError, match=r"looked for .*model\.safetensors.*step_XXXXXXXX") as e:
         find_checkpoint(tmp_path)
     assert "incomplete" not in str(e.value)
 
@@ -116,7 +111,7 @@ def test_directory_without_checkpoint_says_what_was_looked_for(tmp_path):
 def test_only_incomplete_checkpoints(tmp_path, make_model):
     make_step(tmp_path / "ckpt", 300, make_model(), meta=False)
     (tmp_path / "ckpt" / ".tmp-step_00000400").mkdir()
-    with pytest.raises(CheckpointNotFoundError, match=r"incomplete .*step_00000300"):
+    with pytest.raises(CheckpointError, match=r"incomplete .*step_00000300"):
         find_checkpoint(tmp_path)
 
 
@@ -224,7 +219,8 @@ def test_a_model_json_without_arch_is_gpt2_and_a_llama_one_loads_as_llama(tmp_pa
 
 
 def test_a_checkpoint_of_one_architecture_is_refused_for_the_other_in_one_line(tmp_path, make_model):
-    from mars.checkpoint import CheckpointMismatchError, check_model_shape
+    from mars.checkpoint import check_model_shape
+    from mars.errors import CheckpointError
     from mars.model.gpt import GPTConfig
     from mars.model.llama import Llama, LlamaConfig
 
@@ -235,11 +231,11 @@ def test_a_checkpoint_of_one_architecture_is_refused_for_the_other_in_one_line(t
         (gpt, llama_cfg, "gpt2", "llama"),
         (llama, GPTConfig(), "llama", "gpt2"),
     ]:
-        with pytest.raises(CheckpointMismatchError) as e:
+        with pytest.raises(CheckpointError) as e:
             check_model_shape(step_dir, config)
         assert "\n" not in str(e.value)
         assert f"holds a model.arch={theirs} model, but the config asks for model.arch={ours}" in str(e.value)
         assert f"model={theirs}_* preset" in str(e.value)
-    with pytest.raises(CheckpointMismatchError, match=r"n_kv_head=None \(config: 1\)"):
+    with pytest.raises(CheckpointError, match=r"n_kv_head=None \(config: 1\)"):
         check_model_shape(llama, LlamaConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, block_size=16,
                                              vocab_size=128, multiple_of=16))  # fmt: skip

@@ -8,7 +8,8 @@ import pytest
 
 import mars.data.bpe as bpe
 import mars.data.tokenizer as tokenizer
-from mars.data.tokenizer import TokenizerError, encode_batch, get_hf_tokenizer, tokenizer_info
+from mars.data.tokenizer import encode_batch, get_hf_tokenizer, tokenizer_info
+from mars.errors import DataError
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
@@ -61,15 +62,16 @@ def test_a_tokenizer_of_another_pythons_corpus_or_size_is_refused(small_corpus):
     tokenizer_info.cache_clear()
     tokenizer._cached_hf.cache_clear()
     other_python = r"embedded corpus of Python 3\.0\.0, this is Python .*move .* aside"
-    with pytest.raises(TokenizerError, match=other_python):
+    with pytest.raises(DataError, match=other_python):
         tokenizer_info("embedded-bpe-330")
-    with pytest.raises(TokenizerError, match=r"embedded-bpe-100: the vocabulary size must lie in"):
+    with pytest.raises(DataError, match=r"embedded-bpe-100: the vocabulary size must lie in"):
         tokenizer_info("embedded-bpe-100")
 
 
 def test_the_config_takes_it_and_sizes_the_model_by_it(small_corpus):
+    from mars.errors import ConfigError
     from mars.train.cli import compose_config
-    from mars.train.config import ConfigError, validate
+    from mars.train.config import validate
 
     validate(compose_config(["data.tokenizer=embedded-bpe-330", "model.vocab_size=384"]))
     with pytest.raises(ConfigError, match=r"model.vocab_size=256 is smaller than .*330 tokens"):

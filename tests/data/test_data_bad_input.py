@@ -27,17 +27,17 @@ from data_helpers import (
 
 from mars.data import local, sources
 from mars.data.config import DataConfig
-from mars.data.errors import SourceError
 from mars.data.layout import dataset_dir
 from mars.data.local import LocalSource
 from mars.data.prepare import prepare
 from mars.data.registry import get_source
+from mars.errors import DataError
 
 SKIP_HINT = ", or pass data.skip_bad_documents=true to skip bad documents"
 
 
 def _prepare_error(cfg: DataConfig) -> str:
-    with pytest.raises(SourceError) as e:
+    with pytest.raises(DataError) as e:
         prepare(cfg, progress_bar=False)
     assert not (dataset_dir(cfg) / "manifest.json").exists()
     message = str(e.value)
@@ -100,7 +100,7 @@ def test_a_bad_first_line_fails_before_any_work_as_one_line(tmp_path, capsys):
     path.write_bytes(b"\xef\xbb\xbfnot json\n" + b'{"text": "fine"}\n' * 3)
     cfg = local_cfg(tmp_path / "data", [path], val_tokens=0)
     with pytest.raises(
-        SourceError, match=r"corpus\.jsonl line 1: not valid JSON \(Expecting value at column 1\)"
+        DataError, match=r"corpus\.jsonl line 1: not valid JSON \(Expecting value at column 1\)"
     ):
         get_source(cfg)
     with pytest.raises(SystemExit) as e:
@@ -120,13 +120,13 @@ def test_unreadable_parquet_files(tmp_path):
     garbage = tmp_path / "garbage.parquet"
     garbage.write_bytes(np.random.default_rng(1).bytes(2000))
     with pytest.raises(
-        SourceError, match=r"garbage\.parquet: not a readable parquet file \(.*magic bytes.*\); re-create"
+        DataError, match=r"garbage\.parquet: not a readable parquet file \(.*magic bytes.*\); re-create"
     ):
         get_source(local_cfg(tmp_path, [garbage]))
 
     numbers = tmp_path / "numbers.parquet"
     pq.write_table(pa.table({"text": [1, 2, 3]}), numbers)
-    with pytest.raises(SourceError, match=r"numbers\.parquet: parquet column 'text' holds int64, not text"):
+    with pytest.raises(DataError, match=r"numbers\.parquet: parquet column 'text' holds int64, not text"):
         get_source(local_cfg(tmp_path, [numbers]))
 
     damaged = tmp_path / "damaged.parquet"
@@ -150,7 +150,7 @@ def test_compressed_files_need_their_codec_and_the_right_suffix(tmp_path):
     plain = tmp_path / "plain.jsonl.gz"
     plain.write_bytes(b'{"text": "not compressed"}\n')
     with pytest.raises(
-        SourceError,
+        DataError,
         match=r"plain\.jsonl\.gz: cannot be read \(BadGzipFile: .*\): it is damaged or not what its suffix",
     ):
         get_source(local_cfg(tmp_path, [plain]))
@@ -160,7 +160,7 @@ def test_compressed_files_need_their_codec_and_the_right_suffix(tmp_path):
         zst = tmp_path / "a.txt.zst"
         zst.write_bytes(b"\x28\xb5\x2f\xfd")
         with pytest.raises(
-            SourceError,
+            DataError,
             match=r"a\.txt\.zst: reading \.zst files needs the zstandard package: pip install zstandard",
         ):
             get_source(local_cfg(tmp_path, [zst]))

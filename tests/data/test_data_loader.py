@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from mars.data.errors import DataError
 from mars.data.loader import BatchLoader, ValLoader, permute
 from mars.data.shards import open_dataset
+from mars.errors import DataError
 
 
 def shards(tmp_path, lengths=(1000, 1537, 777)) -> list[np.memmap]:

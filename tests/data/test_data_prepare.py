@@ -25,9 +25,9 @@ from mars.data import layout
 from mars.data import prepare as prep
 from mars.data import writer as writer_mod
 from mars.data.config import DataConfig
-from mars.data.errors import DataError, DataNotPreparedError, ManifestError, SourceError
 from mars.data.sources import ListSource
 from mars.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
+from mars.errors import DataError, ManifestError
 
 # ----------------------------------------------------------------------------- embedded corpus
 
@@ -170,7 +170,7 @@ def test_parallel_workers_match_in_process(tmp_path):
 
 def test_small_source_all_in_val_is_an_error(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(3))
-    with pytest.raises(SourceError, match="all taken by the validation split"):
+    with pytest.raises(DataError, match="all taken by the validation split"):
         prep.prepare(local_cfg(tmp_path / "data", [path], val_tokens=10_000), progress_bar=False)
 
 
@@ -188,7 +188,7 @@ def test_interrupted_preparation_resumes_without_touching_finished_shards(monkey
             prep.prepare(cfg, progress_bar=False)
     out = layout.dataset_dir(cfg)
     assert not (out / "manifest.json").exists()
-    with pytest.raises(DataNotPreparedError, match="resumes it"):
+    with pytest.raises(DataError, match="resumes it"):
         prep.ensure_prepared(cfg)
     from mars.data.shards import open_dir
 
@@ -268,7 +268,7 @@ def test_prepare_refuses_a_directory_with_other_settings(tmp_path, docs, capsys)
 def test_an_unprepared_local_corpus_without_paths_asks_for_them(tmp_path):
     """The command the refusal gives must be one that can work: without data.paths it could not."""
     cfg = local_cfg(tmp_path / "data", [])
-    with pytest.raises(DataNotPreparedError) as e:
+    with pytest.raises(DataError) as e:
         prep.ensure_prepared(cfg)
     assert "and data.paths is empty: name your files" in str(e.value)
     assert "python scripts/prepare_data.py data=local" in str(e.value) and "'data.paths=[FILES...]'" in str(

@@ -21,10 +21,7 @@ from data_helpers import SPLIT_SEED, compose_data, expected_splits, make_docs, r
 from mars.data import (
     BatchLoader,
     DataConfig,
-    DataNotPreparedError,
-    ManifestError,
     Source,
-    SourceError,
     ensure_prepared,
     open_dataset,
     prepare_command,
@@ -32,11 +29,11 @@ from mars.data import (
     source_names,
 )
 from mars.data import registry as registry_mod
-from mars.data.errors import DataConfigError
 from mars.data.layout import requested_config
 from mars.data.loader import ValLoader
 from mars.data.prepare import prepare  # not mars.data.prepare: once imported, that name is the module
 from mars.data.registry import check_values, get_source
+from mars.errors import ConfigError, DataError, ManifestError
 
 REPO = Path(__file__).resolve().parents[2]
 BUILTINS = ("embedded", "openwebtext", "fineweb_edu", "local")
@@ -53,11 +50,11 @@ class LinesReader(Source):
     @classmethod
     def from_config(cls, cfg: DataConfig) -> LinesReader:
         if not cfg.paths:
-            raise SourceError("data.paths is empty: the lines reader needs files")
+            raise DataError("data.paths is empty: the lines reader needs files")
         files = [Path(p) for p in cfg.paths]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
-            raise SourceError(f"data.paths: {missing[0]} does not exist")
+            raise DataError(f"data.paths: {missing[0]} does not exist")
         return cls(files, name=cfg.name)
 
     @classmethod
@@ -120,7 +117,7 @@ def test_a_source_registered_from_outside_prepares_and_trains(registry, tmp_path
     check_values(cfg)  # the config check knows the registered name
 
     # not prepared yet: the exact prepare command, which composes back into this config
-    with pytest.raises(DataNotPreparedError) as e:
+    with pytest.raises(DataError) as e:
         ensure_prepared(cfg)
     command = prepare_command(cfg)
     assert command in str(e.value) and "data.name=lines" in command
@@ -244,17 +241,17 @@ def test_an_unknown_source_is_refused_in_one_line(tmp_path, monkeypatch, capsys)
         "register your own with mars.data.register_source"
     )
     cfg = DataConfig(name="wikipedia", root=str(tmp_path))
-    with pytest.raises(DataConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         check_values(cfg)
     assert str(e.value) == line
     for use in (get_source, ensure_prepared, lambda c: prepare(c, progress_bar=False)):
-        with pytest.raises(SourceError) as e:
+        with pytest.raises(DataError) as e:
             use(cfg)
         assert str(e.value) == line
     assert not list(tmp_path.iterdir())  # refused before anything was written
     # a name that cannot be a directory, even with data.hf_path
     with pytest.raises(
-        DataConfigError, match=r"^data\.name='org/wiki' names the dataset's directory .* data\.name=org_wiki$"
+        ConfigError, match=r"^data\.name='org/wiki' names the dataset's directory .* data\.name=org_wiki$"
     ):
         check_values(DataConfig(name="org/wiki", hf_path="org/wiki"))
     # the prepare command: one line, usage status, before anything runs

@@ -18,10 +18,10 @@ from data_helpers import compose_data, local_cfg, make_docs, run_prepare, write_
 from mars.data import embedded as embedded_mod
 from mars.data import integrity
 from mars.data.config import DataConfig
-from mars.data.errors import DamagedShardError, SourceChangedError
 from mars.data.layout import dataset_dir, prepare_command
 from mars.data.prepare import ensure_prepared, prepare
 from mars.data.shards import open_dataset, open_dir
+from mars.errors import DamagedShardError, SourceChangedError
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ import pytest
 from data_helpers import local_cfg, make_docs, write_jsonl
 
 from mars.data import integrity
-from mars.data.errors import DataNotPreparedError, ManifestError, ShardError
 from mars.data.prepare import prepare
 from mars.data.shards import open_dataset, open_dir
 from mars.data.tokenizer import EOT_ID
+from mars.errors import DataError, ManifestError
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_corrupted_shard_is_caught_even_after_a_cached_check(prepared):
     data = bytearray(path.read_bytes())
     data[10] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(ShardError, match=r"train_000001\.bin: sha256 .* does not match"):
+    with pytest.raises(ManifestError, match=r"train_000001\.bin: sha256 .* does not match"):
         open_dir(directory)
 
 
@@ -88,7 +88,7 @@ def test_corruption_that_keeps_mtime_is_caught_by_full_verification(prepared):
     data[0] ^= 0x01
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with pytest.raises(ShardError, match="val_000000.bin: sha256"):
+    with pytest.raises(ManifestError, match="val_000000.bin: sha256"):
         open_dir(directory, verify="full")
 
 
@@ -103,7 +103,7 @@ def test_the_cached_check_catches_a_change_that_keeps_size_and_mtime(prepared):
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with pytest.raises(ShardError, match="val_000000.bin: sha256 .* does not match"):
+    with pytest.raises(ManifestError, match="val_000000.bin: sha256 .* does not match"):
         open_dir(directory)
 
 
@@ -134,7 +134,7 @@ def test_truncated_shard(prepared):
     path = directory / "train_000000.bin"
     path.write_bytes(path.read_bytes()[:-2])
     with pytest.raises(
-        ShardError, match=r"train_000000\.bin: has 2998 bytes but the manifest lists 1500 uint16"
+        ManifestError, match=r"train_000000\.bin: has 2998 bytes but the manifest lists 1500 uint16"
     ):
         open_dir(directory)
 
@@ -144,7 +144,7 @@ def test_shard_written_with_the_wrong_dtype(prepared):
     path = directory / "train_000000.bin"
     path.write_bytes(np.fromfile(path, dtype=np.uint16).astype(np.uint32).tobytes())
     with pytest.raises(
-        ShardError, match=r"train_000000\.bin: holds 6000 bytes = 4 bytes per token \(uint32\?\)"
+        ManifestError, match=r"train_000000\.bin: holds 6000 bytes = 4 bytes per token \(uint32\?\)"
     ):
         open_dir(directory)
 
@@ -171,13 +171,13 @@ def test_malformed_or_missing_manifest(prepared):
 def test_missing_shard(prepared):
     directory, _ = prepared
     (directory / "train_000001.bin").unlink()
-    with pytest.raises(ShardError, match=r"train_000001\.bin is missing"):
+    with pytest.raises(ManifestError, match=r"train_000001\.bin is missing"):
         open_dir(directory)
 
 
 def test_token_id_outside_the_vocabulary(prepared):
     directory, _ = prepared
-    with pytest.raises(ShardError, match=r"val_000000\.bin: holds token id 50256 >= vocab_size 50000"):
+    with pytest.raises(ManifestError, match=r"val_000000\.bin: holds token id 50256 >= vocab_size 50000"):
         open_dir(directory, vocab_size=50_000)
     # a shard from another tokenizer whose manifest agrees with it byte for byte
     path = directory / "train_000000.bin"
@@ -187,14 +187,14 @@ def test_token_id_outside_the_vocabulary(prepared):
     m = _manifest(directory)
     m["splits"]["train"]["shards"][0]["sha256"] = hashlib.sha256(tokens.tobytes()).hexdigest()
     (directory / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ShardError, match=r"train_000000\.bin: holds token id 60000 >= vocab_size 50304"):
+    with pytest.raises(ManifestError, match=r"train_000000\.bin: holds token id 60000 >= vocab_size 50304"):
         open_dir(directory)
 
 
 def test_missing_dataset_dir_names_the_prepare_command(tmp_path):
     cfg = local_cfg(tmp_path / "nowhere", ["corpus/*.jsonl"], val_tokens=1000)
     cfg.dir = "my_corpus"
-    with pytest.raises(DataNotPreparedError) as e:
+    with pytest.raises(DataError) as e:
         open_dataset(cfg)
     msg = str(e.value)
     assert str(tmp_path / "nowhere" / "my_corpus") in msg
@@ -214,9 +214,9 @@ def test_open_dataset_accepts_hydra_nodes_and_mappings(embedded_cfg):
 
     from omegaconf import OmegaConf
 
-    from mars.data.errors import SourceError
+    from mars.errors import DataError
 
     node = OmegaConf.structured(embedded_cfg)
     assert open_dataset(node).train_tokens == open_dataset(asdict(embedded_cfg)).train_tokens > 200_000
-    with pytest.raises(SourceError, match=r"unknown data config keys \['nme'\]"):
+    with pytest.raises(DataError, match=r"unknown data config keys \['nme'\]"):
         open_dataset({"nme": "embedded"})

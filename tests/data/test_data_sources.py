@@ -12,15 +12,15 @@ from data_helpers import SPLIT_SEED, expected_splits, local_cfg, make_docs, read
 from mars.data import prepare as prep
 from mars.data import sources
 from mars.data.config import DataConfig
-from mars.data.errors import SourceError
 from mars.data.registry import get_source
+from mars.errors import DataError
 
 # ----------------------------------------------------------------------------- bad input
 
 
 def test_unknown_source():
     with pytest.raises(
-        SourceError,
+        DataError,
         match=r"data.name='wikipedia' is not a known source; choose one of embedded, "
         r"openwebtext, fineweb_edu, local",
     ):
@@ -28,11 +28,11 @@ def test_unknown_source():
 
 
 def test_empty_local_file_list(tmp_path):
-    with pytest.raises(SourceError, match="data.paths is empty"):
+    with pytest.raises(DataError, match="data.paths is empty"):
         get_source(local_cfg(tmp_path, []))
-    with pytest.raises(SourceError, match=r"pattern '.*/none/\*\.jsonl' matches no files"):
+    with pytest.raises(DataError, match=r"pattern '.*/none/\*\.jsonl' matches no files"):
         get_source(local_cfg(tmp_path, [tmp_path / "none" / "*.jsonl"]))
-    with pytest.raises(SourceError, match=r"file '.*missing\.txt' does not exist"):
+    with pytest.raises(DataError, match=r"file '.*missing\.txt' does not exist"):
         get_source(local_cfg(tmp_path, [tmp_path / "missing.txt"]))
 
 
@@ -40,7 +40,7 @@ def test_jsonl_without_the_text_field(tmp_path):
     good = write_jsonl(tmp_path / "a.jsonl", ["hello"])
     bad = write_jsonl(tmp_path / "b.jsonl", ["hello"], field="body")
     with pytest.raises(
-        SourceError, match=r"b\.jsonl: records have no field 'text' \(fields: \['body', 'id'\]\)"
+        DataError, match=r"b\.jsonl: records have no field 'text' \(fields: \['body', 'id'\]\)"
     ):
         get_source(local_cfg(tmp_path, [good, bad]))
     assert get_source(local_cfg(tmp_path, [bad], text_field="body")).files == [bad]
@@ -49,7 +49,7 @@ def test_jsonl_without_the_text_field(tmp_path):
 def test_jsonl_record_without_the_text_field_later_in_the_file(tmp_path):
     path = tmp_path / "mixed.jsonl"
     path.write_text('{"text": "fine"}\n{"other": "no text here"}\n')
-    with pytest.raises(SourceError, match=r"mixed\.jsonl line 2: has no field 'text' \(fields: 'other'\)"):
+    with pytest.raises(DataError, match=r"mixed\.jsonl line 2: has no field 'text' \(fields: 'other'\)"):
         prep.prepare(local_cfg(tmp_path / "data", [path], val_tokens=0), progress_bar=False)
 
 
@@ -59,7 +59,7 @@ def test_parquet_without_the_text_column(tmp_path):
 
     path = tmp_path / "x.parquet"
     pq.write_table(pa.table({"content": ["a", "b"]}), path)
-    with pytest.raises(SourceError, match=r"x\.parquet: parquet columns \['content'\] do not include 'text'"):
+    with pytest.raises(DataError, match=r"x\.parquet: parquet columns \['content'\] do not include 'text'"):
         get_source(local_cfg(tmp_path, [path]))
 
 
@@ -67,15 +67,15 @@ def test_mixed_or_unknown_formats(tmp_path):
     txt, jsonl, csv = tmp_path / "a.txt", write_jsonl(tmp_path / "b.jsonl", ["x"]), tmp_path / "c.csv"
     txt.write_text("x")
     csv.write_text("x")
-    with pytest.raises(SourceError, match="data.paths mixes formats"):
+    with pytest.raises(DataError, match="data.paths mixes formats"):
         get_source(local_cfg(tmp_path, [txt, jsonl]))
-    with pytest.raises(SourceError, match=r"c\.csv: cannot tell the format from the suffix '\.csv'"):
+    with pytest.raises(DataError, match=r"c\.csv: cannot tell the format from the suffix '\.csv'"):
         get_source(local_cfg(tmp_path, [csv]))
     assert get_source(local_cfg(tmp_path, [csv], format="text")).format == "text"
 
 
 def test_fineweb_edu_rejects_an_unknown_sample():
-    with pytest.raises(SourceError, match="sample-10BT, sample-100BT, sample-350BT"):
+    with pytest.raises(DataError, match="sample-10BT, sample-100BT, sample-350BT"):
         get_source(DataConfig(name="fineweb_edu", hf_config="sample-1T"))
 
 
@@ -161,7 +161,7 @@ def test_openwebtext_downloaded_dataset_and_resume_skips(monkeypatch, tmp_path):
 def test_hf_dataset_without_the_text_field(monkeypatch, tmp_path):
     monkeypatch.setattr(sources, "load_dataset", FakeHub(["a", "b"], field="content"))
     cfg = DataConfig(name="openwebtext", root=str(tmp_path), val_tokens=0, num_workers=1)
-    with pytest.raises(SourceError, match=r"'Skylion007/openwebtext' \(default/train\) has no field 'text'"):
+    with pytest.raises(DataError, match=r"'Skylion007/openwebtext' \(default/train\) has no field 'text'"):
         prep.prepare(cfg, progress_bar=False)
 
 
@@ -181,6 +181,6 @@ def test_hf_load_failures_say_what_to_do(monkeypatch, tmp_path, error, message):
 
     monkeypatch.setattr(sources, "load_dataset", fail)
     cfg = DataConfig(name="openwebtext", root=str(tmp_path), num_workers=1)
-    with pytest.raises(SourceError, match=message):
+    with pytest.raises(DataError, match=message):
         prep.prepare(cfg, progress_bar=False)
     assert not (tmp_path / "openwebtext" / "manifest.json").exists()

@@ -29,9 +29,9 @@ from mars.data import local, sources, split
 from mars.data import prepare as prep
 from mars.data import writer as writer_mod
 from mars.data.config import DataConfig
-from mars.data.errors import ManifestError, SourceChangedError
 from mars.data.shards import open_dataset
 from mars.data.tokenizer import EOT_ID, get_tokenizer
+from mars.errors import ManifestError, SourceChangedError
 
 FRUIT = "apple banana cherry grape lemon mango peach orange".split()
 MACHINE = "engine piston gear valve clutch brake wheel motor".split()
@@ -287,9 +287,9 @@ def test_a_resplit_waits_for_no_live_run_and_a_resume_after_it_is_refused(tmp_pa
     checkpoint's state (the training documents' digest differs); the embedded corpus is never re-split."""
     import gc
 
-    from mars.data.errors import DataError
     from mars.data.loader import BatchLoader
     from mars.data.shards import open_dataset
+    from mars.errors import DataError
 
     docs = topic_docs(60, seed=5)
     cfg = local_cfg(tmp_path / "data", [write_jsonl(tmp_path / "d.jsonl", docs)], shard_tokens=2000)

@@ -15,9 +15,9 @@ from data_helpers import local_cfg, make_docs, write_jsonl
 
 from mars.data import ensure_prepared, open_dataset
 from mars.data import tokenizer as tk
-from mars.data.errors import ManifestError
 from mars.data.prepare import prepare
-from mars.data.tokenizer import TokenizerError, encode_batch, get_hf_tokenizer, tokenizer_info
+from mars.data.tokenizer import encode_batch, get_hf_tokenizer, tokenizer_info
+from mars.errors import DataError, ManifestError
 
 EOS = "<|eos|>"
 
@@ -135,13 +135,14 @@ def test_a_tokenizer_without_an_end_of_text_token_is_refused(tmp_path):
     PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1}, "a"))
     ).save_pretrained(out)
-    with pytest.raises(TokenizerError, match=r"has no end-of-text \(eos\) token"):
+    with pytest.raises(DataError, match=r"has no end-of-text \(eos\) token"):
         tokenizer_info(str(out))
 
 
 def test_composition_refuses_a_model_vocabulary_smaller_than_the_tokenizers(bpe, tmp_path):
+    from mars.errors import ConfigError
     from mars.train.cli import compose_config
-    from mars.train.config import ConfigError, validate
+    from mars.train.config import validate
 
     cfg = compose_config(["model=llama_tiny", f"data.tokenizer={bpe}", "model.vocab_size=256"])
     with pytest.raises(

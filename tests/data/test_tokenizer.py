@@ -81,5 +81,5 @@ def test_hash_check_rejects_a_modified_file(tmp_path, monkeypatch):
     (bad / "vocab.bpe").write_bytes(vocab.read_bytes() + b"x")
     (bad / "encoder.json").write_bytes(encoder.read_bytes())
     monkeypatch.setattr(tk.resources, "files", lambda pkg: tmp_path)
-    with pytest.raises(tk.TokenizerFilesError, match="sha256"):
+    with pytest.raises(tk.DataError, match="sha256"):
         tk.bpe_files()

@@ -225,3 +225,78 @@ def test_a_new_optimizer_module_needs_no_import_line():
     assert any(getattr(c.func, "attr", getattr(c.func, "id", "")) == "import_module" for c in calls), (
         "mars/optim/__init__.py walks its folder but imports none of the modules it finds"
     )
+
+
+FILES_HEADING = "## The packages, file by file"
+ERRORS_HEADING = "## Errors"
+
+
+def section(heading: str) -> str:
+    text = PAGE.read_text(encoding="utf-8")
+    assert heading in text, f"docs/hacking.md lost its section {heading!r}"
+    return text.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()]
+    header = ("package", "class", "#")
+    return [r for r in rows if len(r) > 1 and not set(r[0]) <= set("-: ") and r[0] not in header]
+
+
+def test_the_file_counts_are_the_packages():
+    """Each row's count is the number of .py files of that package; every package has a row."""
+    counted = {}
+    for name, count in table_rows(section(FILES_HEADING)):
+        key = NAME.search(name).group(1)
+        folder = MARS if key == SHARED else ROOT.joinpath(*key.split("."))
+        counted[key] = (int(count), len(list(folder.glob("*.py"))))
+    packages = {f"mars.{p.name}" for p in MARS.iterdir() if (p / "__init__.py").is_file()}
+    assert set(counted) == packages | {SHARED}, "a package without a row, or a row of no package"
+    wrong = {k: v for k, v in counted.items() if v[0] != v[1]}
+    assert not wrong, f"docs/hacking.md says (files, actual): {wrong}"
+
+
+def test_the_study_package_stays_readable_in_one_sitting():
+    assert len(list((MARS / "study").glob("*.py"))) <= 10
+
+
+def test_the_error_hierarchy_is_the_one_in_mars_errors():
+    """Every class the Errors table names is defined in mars/errors.py with the status it says, and no
+    module under mars/ defines another exception that a user sees: the only other exception classes are
+    the control flow the page names."""
+    from mars import errors
+
+    for names, status, _ in table_rows(section(ERRORS_HEADING)):
+        for name in NAME.findall(names):
+            cls = getattr(errors, name)
+            assert issubclass(cls, errors.UserError) and cls.status == int(status), name
+    allowed = set(NAME.findall(section(ERRORS_HEADING)))
+    found = []
+    for path in MARS.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(b, (ast.Name, ast.Attribute)) and ast.unparse(b).endswith(("Error", "Exception"))
+                for b in node.bases
+            ):
+                found.append((module_name(path), node.name))
+    stray = [
+        f"{m}.{n}" for m, n in found if m != "mars.errors" and f"{m}.{n}" not in allowed and n not in allowed
+    ]
+    assert not stray, f"exception classes outside mars/errors.py that docs/hacking.md does not name: {stray}"
+
+
+PATH_HEADING = "## The path of a value"
+
+
+def test_the_path_of_gamma_names_files_that_hold_what_it_says():
+    """Every file of the gamma path exists and holds each name the row gives it (`a.b` -> b); the rows
+    count from 1."""
+    rows = table_rows(section(PATH_HEADING))
+    assert [int(r[0]) for r in rows] == list(range(1, len(rows) + 1))
+    for _, name, what in rows:
+        path = ROOT / NAME.search(name).group(1)
+        assert path.is_file(), path
+        text = path.read_text(encoding="utf-8")
+        for symbol in NAME.findall(what):
+            word = symbol.split(".")[-1].split("=")[0]
+            assert word in text, f"{path.relative_to(ROOT)} does not hold {word} (docs/hacking.md: {symbol})"

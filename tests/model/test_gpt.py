@@ -190,8 +190,9 @@ def test_loss_of_a_float64_model_is_float64(make_model):
 def test_model_json_from_before_the_activation_field_loads_as_exact_gelu(tmp_path, make_model):
     import json
 
-    from mars.checkpoint import CheckpointError, load_model
+    from mars.checkpoint import load_model
     from mars.checkpoint.model_dir import save_model
+    from mars.errors import CheckpointError
 
     save_model(make_model(), tmp_path)
     cfg = json.loads((tmp_path / "model.json").read_text())

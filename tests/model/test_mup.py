@@ -11,7 +11,7 @@ import torch
 
 from mars.model import mup
 from mars.model.spec import model_config
-from mars.optim import build_optimizer, optimizer_names, set_lr_factor
+from mars.optim import build_optimizer, optimizer_names, registered, set_lr_factor
 from mars.optim.mup import base_lr
 from mars.train.trainer import build_model
 
@@ -202,11 +202,12 @@ def test_bad_mup_settings_are_one_line_naming_the_key(family, more, message):
 def test_an_optimizer_without_a_mup_rule_is_refused_in_one_line():
     from mars.optim.mup import refusal
 
-    assert "MARS-Shampoo orthogonalises the embedding" in refusal("mars_shampoo")
+    why = refusal("mars_shampoo", registered("mars_shampoo").mup)
+    assert "MARS-Shampoo orthogonalises the embedding" in why
     model = build_model(config("gpt2"), torch.device("cpu"), seed=0)
     with pytest.raises(ValueError, match="optimizer=mars_shampoo does not support model.parametrization=mup"):
         build_optimizer(model, {"name": "mars_shampoo"})
-    assert all(refusal(n) is None for n in RULED)
+    assert all(refusal(n, registered(n).mup) is None for n in RULED)
 
 
 def test_the_step_is_one_computation_whatever_the_width_and_has_no_per_layer_number():

@@ -9,7 +9,7 @@ import json
 import pytest
 from study_helpers import FakeLauncher, driver_of, run_fake
 
-from mars.errors import StudyError
+from mars.errors import UserError
 
 BASE = ["schedule=wsd", "train.max_steps=32"]
 SIZES = {"s": ["model.n_embd=32"], "m": ["model.n_embd=64"]}
@@ -71,7 +71,7 @@ def test_the_dry_run_prints_tokens_trained_against_standalone_runs(tmp_path):
 def test_a_resumed_study_runs_only_what_is_missing(tmp_path, monkeypatch):
     study = ladder_study(tmp_path / "st")
     monkeypatch.setenv("FAKE_FAIL", "seed2-m-b16")  # a branch fails: the study stops there
-    with pytest.raises(StudyError, match="seed2-m-b16"):
+    with pytest.raises(UserError, match="seed2-m-b16"):
         run_fake(study)
     monkeypatch.delenv("FAKE_FAIL")
     launcher = FakeLauncher()
@@ -121,7 +121,7 @@ def test_a_branch_whose_trunk_left_no_fork_point_is_recorded_unrun(tmp_path, mon
     ],
 )
 def test_bad_budgets_and_sizes_are_one_line_before_anything_runs(tmp_path, changes, base, message):
-    with pytest.raises(StudyError, match=message.replace("[", r"\[").replace("(", r"\(")) as e:
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("(", r"\(")) as e:
         driver_of(ladder_study(tmp_path / "st", base, **changes))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "st").exists() or not any((tmp_path / "st").iterdir())

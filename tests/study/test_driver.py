@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import qmc
 from study_helpers import FakeLauncher, driver_of, run_fake, smoke_spec, study_of, trials_of
 
-from mars.errors import StudyError
+from mars.errors import UserError
 
 
 def test_equal_budgets_and_the_same_seed_draws_the_same_trials(tmp_path):
@@ -42,7 +42,7 @@ def test_an_interrupted_study_draws_what_an_uninterrupted_one_does(tmp_path, mon
     whole = trials_of(run_fake(study_of(tmp_path / "whole", sampler__name=sampler)))
     study = study_of(tmp_path / "parts", sampler__name=sampler)
     monkeypatch.setenv("FAKE_FAIL", "search/mars_adamw/002")  # stops the study half-way
-    with pytest.raises(StudyError):
+    with pytest.raises(UserError):
         run_fake(study)
     monkeypatch.delenv("FAKE_FAIL")
     launcher = FakeLauncher()
@@ -54,7 +54,7 @@ def test_an_interrupted_study_draws_what_an_uninterrupted_one_does(tmp_path, mon
 
 
 def test_a_trial_left_half_asked_by_a_killed_driver_is_completed_by_the_next(tmp_path):
-    from mars.study.storage import study_name
+    from mars.study.search import study_name
 
     whole = trials_of(run_fake(study_of(tmp_path / "whole")))
     study = study_of(tmp_path / "cut")
@@ -86,7 +86,7 @@ def test_a_failed_trial_stops_the_study_in_one_line_and_stays_to_rerun(tmp_path,
     study = study_of(tmp_path / "f")
     monkeypatch.setenv("FAKE_FAIL", "search/adamw/001")
     driver = driver_of(study)
-    with pytest.raises(StudyError) as e:
+    with pytest.raises(UserError) as e:
         driver.run()
     line = str(e.value)
     assert "\n" not in line
@@ -103,7 +103,7 @@ def test_an_adopted_trial_waits_until_its_old_process_let_go_of_the_run_dir(tmp_
 
     study = study_of(tmp_path / "w")
     monkeypatch.setenv("FAKE_FAIL", "search/adamw/000")
-    with pytest.raises(StudyError):
+    with pytest.raises(UserError):
         run_fake(study)
     monkeypatch.delenv("FAKE_FAIL")
     run_dir, released, holding = study.dir / "search" / "adamw" / "000", [], threading.Event()
@@ -222,12 +222,12 @@ def test_the_study_report_is_report_py_on_the_same_run_dirs(tmp_path, capsys):
 
 def test_a_study_dir_of_another_spec_is_refused_with_the_differences(tmp_path):
     run_fake(study_of(tmp_path / "x"))
-    with pytest.raises(StudyError) as e:
+    with pytest.raises(UserError) as e:
         driver_of(study_of(tmp_path / "x", trials=5, **{"final.seeds": [1, 2, 3]}))
     line = str(e.value)
     assert "holds a study of another spec" in line and "\n" not in line
     assert "study.trials: 4 then, 5 now" in line and "study.final.seeds: [1, 2] then, [1, 2, 3] now" in line
-    with pytest.raises(StudyError, match=r"study.base: -train.max_steps=4 \+train.max_steps=8 now"):
+    with pytest.raises(UserError, match=r"study.base: -train.max_steps=4 \+train.max_steps=8 now"):
         driver_of(
             study_of(
                 tmp_path / "x",
@@ -242,7 +242,7 @@ def test_run_dirs_the_storage_does_not_know_are_refused(tmp_path):
     run_fake(study)
     (study.dir / "study.db").rename(tmp_path / "moved.db")
     with pytest.raises(
-        StudyError, match=r"search/adamw/000 holds a run that study.storage=.* does not record"
+        UserError, match=r"search/adamw/000 holds a run that study.storage=.* does not record"
     ):
         driver_of(study)
 

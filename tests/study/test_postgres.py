@@ -132,12 +132,12 @@ def test_two_drivers_in_two_processes_share_a_study_through_postgres(tmp_path, s
 
 
 def test_a_login_the_server_refuses_is_one_line_without_the_password(server):
-    """(The command line prints a StudyError as its one line: tests/study/test_study_spec.py.)"""
-    from mars.errors import StudyError
+    """(The command line prints a UserError as its one line: tests/study/test_study_spec.py.)"""
+    from mars.errors import UserError
     from mars.study.storage import open_storage
 
     host, port = server
-    with pytest.raises(StudyError) as e:
+    with pytest.raises(UserError) as e:
         open_storage(f"postgresql://{USER}:wrong-{PASSWORD}@{host}:{port}/study")
     line = str(e.value)
     assert "\n" not in line and PASSWORD not in line and f"study.storage=postgresql://{USER}:***@" in line

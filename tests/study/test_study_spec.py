@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from study_helpers import smoke_spec, study_of
 
-from mars.errors import StudyError
+from mars.errors import UserError
 from mars.study.cli import main
 from mars.study.spec import check_spec
 
@@ -149,7 +149,7 @@ def test_each_value_check_names_its_key(key, value, fragment):
     for part in path:
         node = node[part]
     node[last] = value
-    with pytest.raises(StudyError) as e:
+    with pytest.raises(UserError) as e:
         check_spec(spec)
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
@@ -308,7 +308,7 @@ def test_a_metric_key_a_plugin_registers_is_taken(monkeypatch):
     monkeypatch.setitem(metrics._REGISTERED, "weights", lambda model, optimizer: {"norm": 1.0})
     check_metric_key("weights/norm")
     check_metric_key("downstream/hellaswag/acc")
-    with pytest.raises(StudyError, match="'weight/norm' is a key no run logs"):
+    with pytest.raises(UserError, match="'weight/norm' is a key no run logs"):
         check_metric_key("weight/norm")
 
 

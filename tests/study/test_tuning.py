@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from study_helpers import run_fake, smoke_spec, study_of
 
-from mars.errors import StudyError
+from mars.errors import UserError
 from mars.study.spec import check_spec
 
 WIDTHS = (32, 64, 128, 256)
@@ -132,7 +132,7 @@ def test_with_one_budget_the_report_says_only_h_of_n_is_fitted():
 )
 def test_a_bad_tune_spec_is_one_line_before_anything_runs(tmp_path, changes, message):
     two = {"sizes": {"s": ["model.n_embd=32"], "m": ["model.n_embd=64"]}, "tune__trials": {"s": 4, "m": 4}}
-    with pytest.raises(StudyError) as e:
+    with pytest.raises(UserError) as e:
         study_of(tmp_path / "st", **{**two, **changes})
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
     assert not (tmp_path / "st").exists()

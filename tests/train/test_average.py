@@ -16,8 +16,9 @@ import torch
 from torch import nn
 from train_helpers import REPO, compose, subprocess_env, tiny_overrides
 
+from mars.errors import ConfigError
 from mars.train.average import WeightAverage
-from mars.train.config import ConfigError, validate
+from mars.train.config import validate
 from mars.train.distributed import DistInfo
 from mars.train.trainer import Trainer
 
@@ -292,7 +293,8 @@ def test_a_bad_average_is_one_line_naming_the_key(data_root, overrides, fragment
 def test_averaged_weights_asked_of_a_checkpoint_without_them_are_one_line(data_root, tmp_path, one_thread):
     """python -m eval average=true and export_hf.py --average: one line before anything is computed; with
     them, load_model gives the averaged weights."""
-    from mars.checkpoint import CheckpointError, load_model
+    from mars.checkpoint import load_model
+    from mars.errors import CheckpointError
 
     plain, averaged = tmp_path / "plain", tmp_path / "averaged"
     Trainer(compose(tiny(data_root, max_steps=2)), plain, DistInfo()).fit()

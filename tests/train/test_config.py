@@ -7,8 +7,9 @@ import pytest
 from omegaconf import OmegaConf
 from train_helpers import compose
 
+from mars.errors import ConfigError
 from mars.train.cli import config_dir, one_line, precheck
-from mars.train.config import Config, ConfigError, register_configs, validate
+from mars.train.config import Config, register_configs, validate
 
 CONFIGS = Path(config_dir())
 

@@ -74,6 +74,7 @@ def test_a_job_is_waited_for_after_ctrl_c(tmp_path):
         os.kill(os.getpid(), signal.SIGINT)
         release.touch()
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's Ctrl-C, whatever ran before
     threading.Thread(target=ctrl_c_once_started, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         run_job([sys.executable, str(script), str(marker), str(release)], dict(os.environ))

@@ -126,7 +126,7 @@ def linear_and_sgd():
     ],
 )
 def test_a_metric_that_returns_no_number_is_one_line_naming_it(registered, value, shown):
-    from mars.train.config import ConfigError
+    from mars.errors import ConfigError
 
     metrics.register_metric("probe", lambda m, o: value)
     for check in (metrics.check_metrics, metrics.logged_metrics):  # before the first step, and at a log line
@@ -138,7 +138,7 @@ def test_a_metric_that_returns_no_number_is_one_line_naming_it(registered, value
 
 
 def test_metric_keys_may_not_collide_and_a_failing_metric_is_named(registered):
-    from mars.train.config import ConfigError
+    from mars.errors import ConfigError
 
     metrics.register_metric("train", lambda m, o: {"loss": 0.0})  # would write train/loss
     with pytest.raises(ConfigError, match=r"metric 'train/loss' .* writes 'train/loss', which the trainer"):
@@ -165,7 +165,7 @@ def test_metric_keys_may_not_collide_and_a_failing_metric_is_named(registered):
 def test_a_metric_with_no_number_stops_the_run_before_training(registered, data_root, tmp_path, one_thread):
     from train_helpers import compose, tiny_overrides
 
-    from mars.train.config import ConfigError
+    from mars.errors import ConfigError
     from mars.train.distributed import DistInfo
     from mars.train.trainer import Trainer
 

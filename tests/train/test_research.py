@@ -9,8 +9,8 @@ import pytest
 from train_helpers import compose, tiny_overrides
 
 from mars.checkpoint import latest_checkpoint
+from mars.errors import ConfigError
 from mars.train.cli import precheck
-from mars.train.config import ConfigError
 from mars.train.distributed import DistInfo
 from mars.train.trainer import Trainer
 

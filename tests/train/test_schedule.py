@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from mars.train.config import ConfigError, ScheduleConfig
+from mars.errors import ConfigError
+from mars.train.config import ScheduleConfig
 from mars.train.schedule import LRSchedule
 
 

@@ -19,7 +19,7 @@ def _rank(rank: int, port: int, timeout_min: float, out: str) -> None:
     info = init_distributed("cpu", timeout_min=timeout_min)
     assert info.world_size == 2 and info.rank == rank
     if rank == 1:  # never joins the barrier: rank 0 must give up after the timeout, not wait forever
-        time.sleep(60)
+        time.sleep(600)  # (killed by the test)
         return
     t0 = time.monotonic()
     try:
@@ -44,7 +44,7 @@ def test_a_collective_fails_after_train_dist_timeout_min(tmp_path):
         _rank, args=(port, 0.05, str(out)), nprocs=2, join=False, start_method="spawn"
     )  # 0.05 min = 3 s
     try:
-        deadline = time.monotonic() + 45
+        deadline = time.monotonic() + 300  # two spawned ranks importing torch, under any load
         while not out.exists() or not out.read_text():
             assert time.monotonic() < deadline, "rank 0 still waits in the barrier"
             time.sleep(0.5)
@@ -52,7 +52,7 @@ def test_a_collective_fails_after_train_dist_timeout_min(tmp_path):
         for p in ctx.processes:
             p.kill()
     outcome, seconds = out.read_text().rsplit(" ", 1)
-    assert outcome == "timed out" and 2.0 <= float(seconds) < 30, out.read_text()
+    assert outcome == "timed out" and 2.0 <= float(seconds) < 120, out.read_text()  # not the default 30 min
 
 
 def _rank_one_fails(rank: int, world: int) -> str:

@@ -44,9 +44,13 @@ import signal, sys, time
 from pathlib import Path
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the Ctrl-C of the test reaches only the test process)
-Path(sys.argv[1]).write_text("started")
-time.sleep(1.0)  # finishing the step and saving a checkpoint
-Path(sys.argv[1]).write_text("saved")
+marker, release = Path(sys.argv[1]), Path(sys.argv[2])
+marker.write_text("started")
+deadline = time.monotonic() + 300
+while not release.exists() and time.monotonic() < deadline:  # until the test has sent its Ctrl-C
+    time.sleep(0.01)
+time.sleep(0.5)  # finishing the step and saving a checkpoint
+marker.write_text("saved")
 """
 
 
@@ -59,16 +63,18 @@ def test_a_job_is_waited_for_after_ctrl_c(tmp_path):
 
     from mars.train.launch import run_job
 
-    script, marker = tmp_path / "job.py", tmp_path / "state"
+    script, marker, release = tmp_path / "job.py", tmp_path / "state", tmp_path / "release"
     script.write_text(SAVES_ON_CTRL_C)
 
     def ctrl_c_once_started():
-        deadline = time.monotonic() + 30
+        """The job cannot end before this Ctrl-C, however late this thread runs: it waits for `release`."""
+        deadline = time.monotonic() + 300
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGINT)
+        release.touch()
 
     threading.Thread(target=ctrl_c_once_started, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        run_job([sys.executable, str(script), str(marker)], dict(os.environ))
+        run_job([sys.executable, str(script), str(marker), str(release)], dict(os.environ))
     assert marker.read_text() == "saved"

@@ -47,12 +47,14 @@ def _note(pid: int) -> dict:
     return {"pid": pid, "host": socket.gethostname(), "started": "now", "command": "train.py"}
 
 
-def test_a_run_refused_before_the_holder_wrote_its_note_waits_for_it(tmp_path):
+def test_a_run_refused_before_the_holder_wrote_its_note_waits_for_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(runlock, "NOTE_WAIT_S", 300.0)  # however late the writer thread runs under load
     holder = _refused_while(tmp_path / "run", _note(os.getpid()), delay=0.3)
     assert holder.startswith(f"process {os.getpid()} on {socket.gethostname()}")
 
 
-def test_the_previous_holders_note_is_not_taken_for_the_new_holder(tmp_path):
+def test_the_previous_holders_note_is_not_taken_for_the_new_holder(tmp_path, monkeypatch):
+    monkeypatch.setattr(runlock, "NOTE_WAIT_S", 300.0)
     ended = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
@@ -65,7 +67,23 @@ def test_the_previous_holders_note_is_not_taken_for_the_new_holder(tmp_path):
 
 
 def test_a_holder_that_never_writes_its_note_is_still_refused_in_bounded_time(tmp_path, monkeypatch):
+    """NOTE_WAIT_S on runlock's own clock (a fake one here, which each sleep advances: no real time, so
+    no load on the machine can change the count)."""
+
+    class Clock:
+        now = 0.0
+
+        def monotonic(self):
+            return self.now
+
+        def sleep(self, s):
+            self.now += s
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+    clock = Clock()
+    monkeypatch.setattr(runlock, "time", clock)
     monkeypatch.setattr(runlock, "NOTE_WAIT_S", 0.2)
-    start = time.monotonic()
     assert _refused_while(tmp_path / "run", None, delay=0) == "another process (it has not recorded its pid)"
-    assert time.monotonic() - start < 5
+    assert 0.2 <= clock.now < 0.25

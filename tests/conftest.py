@@ -52,18 +52,21 @@ def restore_logging():
     root.setLevel(level)
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+_SESSION_HANDLERS = {s: signal.getsignal(s) for s in _SIGNALS}  # as the worker started
+
+
 @pytest.fixture(autouse=True)
 def restore_signal_handlers():
-    """Put back, after every test, the handlers of the signals a run or a launcher handles (SIGINT,
-    SIGTERM, SIGUSR1/2): code a test runs in this process may install its own (the trainer's graceful
-    stop, a launcher's requeue), and one left behind turns the next test's Ctrl-C into a stop request
-    instead of a KeyboardInterrupt, depending on which tests xdist ran before it in that worker."""
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-    before = {s: signal.getsignal(s) for s in sigs}
-    yield
-    for s, handler in before.items():
+    """Every test starts with the handlers of the signals a run or a launcher handles (SIGINT, SIGTERM,
+    SIGUSR1/2) as the worker started: code a test or a module's fixture runs in this process may install
+    its own (the trainer's graceful stop, a launcher's requeue), and one left behind turns a later test's
+    Ctrl-C into a stop request instead of a KeyboardInterrupt, depending on which tests xdist ran before
+    it in that worker."""
+    for s, handler in _SESSION_HANDLERS.items():
         if handler is not None and signal.getsignal(s) is not handler:
             signal.signal(s, handler)
+    yield
 
 
 @pytest.fixture

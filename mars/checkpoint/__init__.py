@@ -60,8 +60,6 @@ __all__ = [
     "CKPT_DIR",
     "SHARDED_DIR",
     "CheckpointError",
-    "CheckpointError",
-    "CheckpointError",
     "checkpoint_format",
     "find_checkpoint",
     "latest_checkpoint",
@@ -71,7 +69,6 @@ __all__ = [
     "resolve_checkpoint",
     "step_dirname",
     "step_of",
-    *_LAZY,
 ]
 
 

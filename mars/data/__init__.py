@@ -33,16 +33,12 @@ __all__ = [
     "DamagedShardError",
     "DataConfig",
     "DataError",
-    "DataError",
-    "ManifestError",
     "ManifestError",
     "SourceChangedError",
-    "DataError",
     "get_hf_tokenizer",
     "get_tokenizer",
     "register_source",
     "source_names",
-    *_LAZY,
 ]
 
 

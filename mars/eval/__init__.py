@@ -19,8 +19,6 @@ __all__ = [
     "TASK_PRESETS",
     "CheckpointEval",
     "UserError",
-    "UserError",
-    "UserError",
     "evaluate_checkpoint",
     "evaluate_model",
     "flatten_scores",

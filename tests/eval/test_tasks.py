@@ -91,7 +91,7 @@ def test_offline_fails_fast_naming_the_tasks(tmp_path, monkeypatch):
     start = time.perf_counter()
     with pytest.raises(UserError) as err:
         load_tasks(spec)
-    assert time.perf_counter() - start < 15
+    assert time.perf_counter() - start < 60  # datasets' download retries take minutes; any load, seconds
     msg = str(err.value)
     assert "\n" not in msg
     assert "hub_only" in msg and "mars_quiz" not in msg.split("To fix")[0]  # the quiz loaded fine
@@ -104,7 +104,7 @@ def test_hub_probe_never_waits(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: refused at once
     start = time.perf_counter()
     assert hub_reachable(timeout=1.0) is False
-    assert time.perf_counter() - start < 1.5
+    assert time.perf_counter() - start < 10  # no retries with backoff (a refused port answers at once)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     assert hub_reachable() is False
 

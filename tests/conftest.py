@@ -53,6 +53,10 @@ def restore_logging():
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# A suite started as a background job (nohup, `&` in a script, some CI runners) inherits SIGINT ignored,
+# and so would every process a test starts: Ctrl-C tests would see nothing. They assume a terminal's.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 _SESSION_HANDLERS = {s: signal.getsignal(s) for s in _SIGNALS}  # as the worker started
 
 

@@ -120,13 +120,6 @@ def run(cfg) -> list[CheckpointEval]:
     return evals
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Errors that are the user's to fix: shown as one line, no traceback."""
-    from mars.errors import CheckpointError
-
-    return (UserError, CheckpointError)
-
-
 register_configs()
 
 
@@ -134,7 +127,7 @@ register_configs()
 def _hydra_main(cfg: DictConfig) -> None:
     try:
         run(cfg)
-    except user_errors() as e:
+    except UserError as e:  # the user's to fix: one line, no traceback
         from mars.entry import EXIT_USAGE, fail
 
         fail(str(e), EXIT_USAGE)
@@ -144,11 +137,10 @@ def main() -> None:
     """`python -m eval`: the command line is composed and checked first (mars.entry), so that an unknown
     key or a bad value is one line and exit status 2, as for every command of the harness."""
     from mars.entry import EXIT_USAGE, check_hydra_command, fail
-    from mars.errors import ConfigError
 
     try:
         check_hydra_command(CONFIG_DIR, "eval", sys.argv[1:], check=_check)
-    except (ConfigError, UserError) as e:
+    except UserError as e:
         fail(str(e), EXIT_USAGE)
     _hydra_main()
 

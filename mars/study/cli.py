@@ -26,7 +26,7 @@ def _say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from mars.errors import ConfigError, UserError
+    from mars.errors import UserError
     from mars.study.driver import Driver, Interrupted
     from mars.study.report import write_study_report
     from mars.study.spec import check_spec, compose_spec
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         driver = Driver(study, say=_say)
         dry = "--dry-run" in flags
         driver.prepare(data=not dry and "--report" not in flags, check_data=dry)
-    except (UserError, ConfigError) as e:
+    except UserError as e:
         fail(str(e), EXIT_USAGE)
     for line in driver.budget_lines():
         _say(line)
@@ -67,6 +67,6 @@ def main(argv: list[str] | None = None) -> None:
         written = write_study_report(driver)
     except Interrupted as e:
         fail(str(e), EXIT_INTERRUPTED)
-    except UserError as e:  # UserError: a trial's files the report cannot read
+    except UserError as e:  # also a trial's files the report cannot read
         fail(str(e), EXIT_FAILED)
     _say("wrote " + ", ".join(str(p) for p in written if p.suffix in (".md", ".json")))

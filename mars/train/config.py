@@ -374,13 +374,8 @@ def _check_tokenizer(cfg: Any) -> None:
 
 def _check_data(cfg: Any) -> None:
     from mars.data.registry import check_values
-    from mars.errors import ConfigError
 
-    node = get(cfg, "data")
-    try:
-        check_values(node)
-    except ConfigError as e:
-        raise ConfigError(str(e)) from None
+    check_values(get(cfg, "data"))  # ConfigError, one line naming the data.* key
     val, eval_steps = int(get(cfg, "data.val_tokens")), int(get(cfg, "train.eval_steps"))
     window = int(get(cfg, "model.block_size")) + 1
     if eval_steps > 0 and val < window:

@@ -76,6 +76,28 @@ def one_line(e: BaseException) -> str:
     return "; ".join(parts)
 
 
+def unknown_key(e: BaseException | None):
+    """The OmegaConf error behind `e` (Hydra wraps OmegaConf's) for a key that a structured config's
+    schema does not have, or None. OmegaConf gives the facts as attributes: `key`, `full_key` (e.g.
+    "optimizer.gamma") and `object_type` (the schema's dataclass)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    while e is not None:
+        schema = getattr(e, "object_type", None)
+        if isinstance(e, (ConfigAttributeError, ConfigKeyError)) and isinstance(schema, type) and e.full_key:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def config_file(e: BaseException) -> str | None:
+    """The config file Hydra was composing when it raised `e` ("optimizer/my_adamw"), or None. Hydra says
+    it only in its message ("In 'optimizer/my_adamw': ..."), not as an attribute: the one library
+    message this package reads."""
+    text = str(e)
+    return text[4:].split("'", 1)[0] if text.startswith("In '") else None
+
+
 def hydra_value(value: Any, in_list: bool = False) -> str:
     """``value`` in Hydra's override syntax: left bare when Hydra reads it back unchanged, else quoted."""
     if value is None:

@@ -197,7 +197,7 @@ def compose_spec(args: list[str]) -> dict:
         spec = OmegaConf.to_container(cfg.study, resolve=True, throw_on_missing=True)
     except Exception as e:
         if is_composition_error(e):
-            raise UserError(needs_quotes(study_args) or _with_keys(one_line(e))) from None
+            raise UserError(needs_quotes(study_args) or _with_keys(one_line(e), e)) from None
         raise
     spec["base"] = [*spec["base"], *training]
     return spec
@@ -236,17 +236,18 @@ def needs_quotes(args: list[str]) -> str | None:
     return None
 
 
-def _with_keys(message: str) -> str:
+def _with_keys(message: str, e: BaseException) -> str:
     """A key the spec's schema has not: add the keys that node does have."""
     import dataclasses
-    import re
 
-    m = re.search(r"Key '[^']+' not in '(\w+Spec)'", message)
-    schemas = {c.__name__: c for c in (StudySpec, ArmSpec, SamplerSpec, MetricSpec, EdgeSpec, ExtendSpec,
-                                       FinalSpec, LauncherSpec, TuneSpec)}  # fmt: skip
-    if m is None or m.group(1) not in schemas:
+    from mars.entry import unknown_key
+
+    err = unknown_key(e)
+    schemas = (StudySpec, ArmSpec, SamplerSpec, MetricSpec, EdgeSpec, ExtendSpec, FinalSpec, LauncherSpec)
+    schemas += (TuneSpec,)
+    if err is None or err.object_type not in schemas:
         return message
-    return f"{message}; its keys: {', '.join(f.name for f in dataclasses.fields(schemas[m.group(1)]))}"
+    return f"{message}; its keys: {', '.join(f.name for f in dataclasses.fields(err.object_type))}"
 
 
 # ----------------------------------------------------------------------------- the checked spec

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -38,12 +37,14 @@ from mars.entry import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    config_file,
     hydra_args,
     hydra_value,
     is_composition_error,
     one_line,
     resolve_all,
     sweep_combinations,
+    unknown_key,
 )
 from mars.errors import ConfigError, UserError
 from mars.train.config import config_dir, register_configs, validate
@@ -74,37 +75,21 @@ def compose_config(overrides: list[str] | None = None, config_name: str = CONFIG
         return compose(config_name=config_name, overrides=list(overrides or []))
 
 
-def _chain_text(e: BaseException | None, depth: int = 5) -> str:
-    """The messages of `e` and the exceptions it came from (Hydra wraps OmegaConf's), one a line."""
-    texts = []
-    while e is not None and len(texts) < depth:
-        texts.append(str(e))
-        e = e.__cause__ or e.__context__
-    return "\n".join(texts)
-
-
-_FOREIGN_KEY = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<cls>\w+)'\s+full_key: optimizer\.")
-
-
 def optimizer_key_error(e: BaseException) -> str | None:
     """For a key the chosen optimizer does not take: one line naming the key, the optimizer and the
     keys it does take (None for any other error)."""
     from mars.optim import optimizer_names, registered
 
-    text = _chain_text(e)
-    m = _FOREIGN_KEY.search(text)
-    if m is None:
+    err = unknown_key(e)
+    if err is None or not err.full_key.startswith("optimizer."):
         return None
-    name = next((n for n in optimizer_names() if registered(n).config.__name__ == m["cls"]), None)
+    name = next((n for n in optimizer_names() if registered(n).config is err.object_type), None)
     if name is None:
         return None
-    where = re.search(r"In '([^']+)'", text)
-    source = f" (set in {where.group(1)})" if where else ""
+    where = config_file(e)
+    source = f" (set in {where})" if where else ""
     keys = ", ".join(k for k in registered(name).config.keys() if k != "name")
-    return f"optimizer.{m['key']}{source}: optimizer={name} has no key '{m['key']}'; its keys: {keys}"
-
-
-_FOREIGN_MODEL_KEY = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<cls>\w+)'\s+full_key: model\.")
+    return f"optimizer.{err.key}{source}: optimizer={name} has no key '{err.key}'; its keys: {keys}"
 
 
 def model_key_error(e: BaseException) -> str | None:
@@ -112,14 +97,16 @@ def model_key_error(e: BaseException) -> str | None:
     the key, the architecture and the keys it does take (None for any other error)."""
     from mars.model.spec import arch, arch_names
 
-    m = _FOREIGN_MODEL_KEY.search(_chain_text(e))
-    name = m and next((n for n in arch_names() if arch(n).config.__name__ == m["cls"]), None)
+    err = unknown_key(e)
+    if err is None or not err.full_key.startswith("model."):
+        return None
+    name = next((n for n in arch_names() if arch(n).config is err.object_type), None)
     if not name:
         return None
     keys = ", ".join(f.name for f in dataclasses.fields(arch(name).config) if f.name != "arch")
-    others = [n for n in arch_names() if n != name and m["key"] in arch(n).config.__dataclass_fields__]
+    others = [n for n in arch_names() if n != name and err.key in arch(n).config.__dataclass_fields__]
     hint = f" (a model.arch={others[0]} key: choose a model={others[0]}_... preset)" if others else ""
-    return f"model.{m['key']}: model.arch={name} has no key '{m['key']}'{hint}; its keys: {keys}"
+    return f"model.{err.key}: model.arch={name} has no key '{err.key}'{hint}; its keys: {keys}"
 
 
 def check_launch(cfg, multirun: bool, local: bool = True) -> None:

@@ -1,6 +1,7 @@
 """Config composition, the structured schema, validation, and the paper presets against docs/algorithms.md."""
 
 import itertools
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,23 @@ def test_precheck_turns_bad_input_into_one_line(overrides, message):
     text = str(e.value)
     assert message in text
     assert "\n" not in text and "Traceback" not in text
+
+
+def test_a_foreign_key_in_a_config_file_names_that_file(tmp_path, monkeypatch):
+    """The key, optimizer and keys come from OmegaConf's error attributes; the file from Hydra's message."""
+    configs = tmp_path / "configs"
+    shutil.copytree(CONFIGS, configs)
+    (configs / "optimizer" / "my_adamw.yaml").write_text(
+        "defaults:\n  - /schema/optimizer/adamw@_here_\n  - _self_\nname: adamw\ngamma: 0.1\n"
+    )
+    monkeypatch.setattr("mars.train.cli.config_dir", lambda: str(configs))
+    register_configs()
+    with pytest.raises(ConfigError) as e:
+        precheck(["optimizer=my_adamw"])
+    assert str(e.value) == (
+        "optimizer.gamma (set in optimizer/my_adamw): optimizer=adamw has no key 'gamma'; "
+        "its keys: lr, betas, eps, weight_decay, fused"
+    )
 
 
 def test_precheck_passes_good_sweeps_and_hydra_flags():

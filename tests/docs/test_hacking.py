@@ -239,7 +239,7 @@ def section(heading: str) -> str:
 
 def table_rows(text: str) -> list[list[str]]:
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()]
-    header = ("package", "class", "#")
+    header = ("package", "class", "#", "private name")
     return [r for r in rows if len(r) > 1 and not set(r[0]) <= set("-: ") and r[0] not in header]
 
 
@@ -300,3 +300,33 @@ def test_the_path_of_gamma_names_files_that_hold_what_it_says():
         for symbol in NAME.findall(what):
             word = symbol.split(".")[-1].split("=")[0]
             assert word in text, f"{path.relative_to(ROOT)} does not hold {word} (docs/hacking.md: {symbol})"
+
+
+HYDRA_HEADING = "## What the harness takes from Hydra"
+
+
+def private_hydra_names() -> dict[str, set[str]]:
+    """Every `hydra._internal` name the code imports or names in a string, with the files it is in."""
+    found: dict[str, set[str]] = {}
+    files = [*MARS.rglob("*.py"), *(ROOT / "scripts").rglob("*.py"), *(ROOT / "eval").rglob("*.py")]
+    for path in [*files, ROOT / "train.py"]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hydra._internal"):
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("hydra._internal")]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value] if node.value.startswith("hydra._internal") else []
+            for name in names:
+                found.setdefault(name, set()).add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_every_private_hydra_name_is_listed_with_where_it_is_used():
+    """The table of private Hydra names is the code's, no more and no less, each in the files it gives."""
+    rows = table_rows(section(HYDRA_HEADING))
+    listed = {NAME.search(name).group(1): set(NAME.findall(where)) for name, where, _ in rows}
+    found = private_hydra_names()
+    assert found, "the walk found no private Hydra name: it no longer reads the code"
+    assert listed == found, f"docs/hacking.md lists {listed}; the code uses {found}"

@@ -252,6 +252,10 @@ def _local_rank_entry(rank: int, world: int, backend: str, tmp: str, fn: Callabl
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=f"file://{tmp}/init", rank=rank, world_size=world)
+    # Every rank is connected before any runs `fn`: a rank whose `fn` needs no collective could
+    # otherwise exit while a slower rank is still in gloo's handshake with it, which then fails there
+    # ("Connection closed by peer") instead of running its own `fn`.
+    dist.barrier()
     try:
         result = fn(rank, world, *args)
         if rank == 0:

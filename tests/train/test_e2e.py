@@ -54,13 +54,25 @@ def final_weights(run_dir: Path) -> tuple[dict[str, torch.Tensor], float]:
 # Tolerances of the layout tests (ddp, fsdp, HSDP against one process, or against each other). A layout
 # adds the same per-sequence gradients in another order (over 2 ranks (g1 + g2) + (g3 + g4), in one
 # process ((g1 + g2) + g3) + g4), so the runs may part by float32 rounding, and by no more:
-# - grad_norm within 4 float32 ulps (relative 4.8e-7): the norm is within an ulp of exact in every
-#   layout (mars.train.grad_norm); torch's CPU norm kernel had put fsdp's 1.8e-6 (relative) above one
-#   process's at step 1 of test_fsdp, and more later;
+# - grad_norm at step 1 within 4 float32 ulps (relative 4.8e-7): the weights are still the same, only the
+#   gradient's sum differs, and the norm is within an ulp of exact in every layout (mars.train.grad_norm;
+#   torch's CPU norm kernel had put fsdp's 1.8e-6 (relative) above one process's at step 1 of test_fsdp);
+# - grad_norm at a later step within 64 ulps (relative 7.6e-6): by then the weights have parted by the
+#   rounding of the steps before, and the norms part further. How far depends on the CPU's kernels: 4.05
+#   ulps at step 6 of the 2-rank ddp test on an AVX-512 Xeon, within 4 on the machine that set the
+#   bound. A real error (a micro-batch lost or counted twice) moves the norm by percents;
 # - final weights within lr / 300: Adam moves a weight by about lr a step whatever its gradient's size,
 #   so the rounding of a near-zero gradient entry can move it by a small part of lr (seen: lr / 3500);
 #   a real error (a micro-batch lost or counted twice, a shard out of place) moves weights by ~lr.
 NORM_REL = 4 * torch.finfo(torch.float32).eps
+NORM_REL_LATER = 64 * torch.finfo(torch.float32).eps
+
+
+def norm_tolerance(step: int) -> float:
+    """The relative tolerance of a layout's grad_norm at `step` (see above)."""
+    return NORM_REL if step == 1 else NORM_REL_LATER
+
+
 WEIGHT_LR_FRACTION = 1 / 300
 
 
@@ -68,7 +80,7 @@ def assert_same_training(got_dir: Path, want_dir: Path, label: str = "") -> None
     """got's grad_norm at each of its logged steps and its final weights equal want's (see above)."""
     got, want = losses(got_dir, "grad_norm"), losses(want_dir, "grad_norm")
     for step, norm in got.items():
-        assert abs(norm - want[step]) <= NORM_REL * want[step], (label, step, norm, want[step])
+        assert abs(norm - want[step]) <= norm_tolerance(step) * want[step], (label, step, norm, want[step])
     (got_w, _), (want_w, lr) = final_weights(got_dir), final_weights(want_dir)
     assert got_w.keys() == want_w.keys()
     gaps = {k: float((w - want_w[k]).abs().max()) for k, w in got_w.items()}

@@ -243,8 +243,17 @@ def _with_keys(message: str, e: BaseException) -> str:
     from mars.entry import unknown_key
 
     err = unknown_key(e)
-    schemas = (StudySpec, ArmSpec, SamplerSpec, MetricSpec, EdgeSpec, ExtendSpec, FinalSpec, LauncherSpec)
-    schemas += (TuneSpec,)
+    schemas = (
+        StudySpec,
+        ArmSpec,
+        SamplerSpec,
+        MetricSpec,
+        EdgeSpec,
+        ExtendSpec,
+        FinalSpec,
+        LauncherSpec,
+        TuneSpec,
+    )
     if err is None or err.object_type not in schemas:
         return message
     return f"{message}; its keys: {', '.join(f.name for f in dataclasses.fields(err.object_type))}"

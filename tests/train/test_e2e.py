@@ -66,14 +66,12 @@ def final_weights(run_dir: Path) -> tuple[dict[str, torch.Tensor], float]:
 #   a real error (a micro-batch lost or counted twice, a shard out of place) moves weights by ~lr.
 NORM_REL = 4 * torch.finfo(torch.float32).eps
 NORM_REL_LATER = 64 * torch.finfo(torch.float32).eps
+WEIGHT_LR_FRACTION = 1 / 300
 
 
 def norm_tolerance(step: int) -> float:
     """The relative tolerance of a layout's grad_norm at `step` (see above)."""
     return NORM_REL if step == 1 else NORM_REL_LATER
-
-
-WEIGHT_LR_FRACTION = 1 / 300
 
 
 def assert_same_training(got_dir: Path, want_dir: Path, label: str = "") -> None:

@@ -8,9 +8,9 @@ optimize_1d, two_dim_rule; the matrix optimizers' use_muon). `TorchContract` the
 
 - keeps every attribute through copy.deepcopy and pickle (torch's step and state-dict hooks are
   dropped, as torch drops them);
-- checks the constructor's values and every param group's with the optimizer's `value_checks`
-  (mars.optim.config) and every parameter's dtype (real floating point only), and takes back a group
-  that fails, so a failed add_param_group leaves the optimizer as it was;
+- checks every param group's values (the constructor's defaults filled in) with the optimizer's
+  `value_checks` (mars.optim.config) and every parameter's dtype (real floating point only), and
+  takes back a group that fails, so a failed add_param_group leaves the optimizer as it was;
 - records the class and those options in state_dict() under RECORD_KEY, and has load_state_dict()
   refuse, in one line naming both sides, a state dict written by another optimizer or with other
   options. A state dict without the record (written before it existed, or rebuilt by a tool that
@@ -57,8 +57,7 @@ class TorchContract:
         # (torch later adds "differentiable" to self.defaults when it loads or unpickles) and the roles.
         self._group_keys = frozenset(defaults) | frozenset(self.role_keys)
         self._options = dict(options or {})
-        self._check_values(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults)  # each group, defaults filled in, checked by add_param_group
 
     def _check_values(self, values: dict) -> None:
         check_keywords(self.owner, self.value_checks, {**self._options, **values}, self.group_names)

@@ -1,5 +1,5 @@
 """The `optimizer.*` keys: each optimizer's value checks, written once for its constructor and its config;
-the reference code's names for them; the gamma schedule.
+the reference code's names for them; the gamma schedule, its keys and its gamma_t.
 
 An optimizer module declares its checks once (a tuple of `each(...)` rules of mars.checks and functions
 relating keys) and both sides run them:
@@ -17,6 +17,7 @@ betas_1d and eps as the reference's adamw_betas and adamw_eps).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
@@ -91,16 +92,29 @@ class OptimizerConfig:
 
 @dataclass
 class GammaScheduleConfig:
-    """optimizer.gamma_schedule: gamma_t for the MARS family (docs/algorithms.md section 7).
+    """optimizer.gamma_schedule: gamma_t for the MARS family (docs/algorithms.md section 7), which the
+    trainer sets before every step (mars.optim.set_gamma).
 
-    Linear warmup from `start` (step 0) to optimizer.gamma (step warmup_steps), then `constant`, or a
-    `linear` / `cosine` decay to `end` at `decay_steps` (null: train.max_steps). Values are absolute."""
+    Linear warmup from `start` (step 0) to the peak, optimizer.gamma (step warmup_steps), then `constant`
+    at the peak, or a `linear` / `cosine` decay to `end`, reached at `decay_steps` (null: train.max_steps)
+    and kept after it. Values are absolute: gamma_t is what the optimizer uses at step t."""
 
     name: str = "constant"  # constant | linear | cosine
     warmup_steps: int = 0
     start: float = 0.0
     end: float = 0.0
     decay_steps: int | None = None
+
+    def gamma(self, step: int, peak: float, max_steps: int) -> float:
+        """gamma_t of update `step` (0-based) of a run of max_steps steps whose peak is `peak`."""
+        if step < self.warmup_steps:
+            return self.start + (peak - self.start) * step / self.warmup_steps
+        if self.name == "constant":
+            return peak
+        decay_steps = self.decay_steps if self.decay_steps is not None else max_steps
+        progress = min(1.0, (step - self.warmup_steps) / (decay_steps - self.warmup_steps))
+        remaining = 1.0 - progress if self.name == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.end + remaining * (peak - self.end)
 
     def validate(self, max_steps: int | None = None) -> None:
         """The schedule's values, and that its decay ends after its warmup (at decay_steps, or at

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .config import GammaScheduleConfig
 from .groups import GROUPINGS, grouped
 from .mup import resolve as resolve_mup
 from .mup import split as split_mup
@@ -143,12 +143,11 @@ def make_config(cfg):
             f"optimizer={name} has no key {', '.join(map(repr, unknown))}; "
             f"its keys: {', '.join(k for k in keys if k != 'name')}"
         )
-    values = {}
+    values, types = {}, typing.get_type_hints(spec.config)  # resolvable: Hydra's schemas need them too
     for key, value in cfg.items():
-        sub = keys[key].type
-        if key == "gamma_schedule" and isinstance(value, Mapping):
-            value = GammaScheduleConfig(**value)
-        elif isinstance(value, tuple) or (isinstance(sub, str) and sub.startswith("list")):
+        if dataclasses.is_dataclass(types[key]) and isinstance(value, Mapping):  # optimizer.gamma_schedule
+            value = types[key](**value)
+        elif isinstance(value, tuple) or typing.get_origin(types[key]) is list:
             value = list(value)
         values[key] = value
     return spec.config(**values)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from mars.checks import above, at_least, at_most, choice, fraction, get, reported_as
 from mars.data.config import DataConfig
@@ -233,10 +233,19 @@ def global_batch_size(cfg: Any, world_size: int) -> int:
     return int(gbs) if gbs is not None else int(get(cfg, "train.batch_size")) * world_size
 
 
+_VALIDATED: set[tuple[str, int]] = set()  # (YAML, world size) of each config that passed in this process
+
+
 def validate(cfg: Any, world_size: int = 1) -> None:
-    """Raise ConfigError on the first value that cannot work. Cheap: reads no files."""
+    """Raise ConfigError on the first value that cannot work. Cheap: reads no files. A composed config
+    passes once per process: the run's own call after the command's precheck (mars.train.cli) is free."""
+    seen = (OmegaConf.to_yaml(cfg), world_size) if OmegaConf.is_config(cfg) else None
+    if seen in _VALIDATED:
+        return
     with reported_as(ConfigError):
         _validate(cfg, world_size)
+    if seen is not None:
+        _VALIDATED.add(seen)
 
 
 def _validate(cfg: Any, world_size: int) -> None:

@@ -1,4 +1,5 @@
-"""Schedules of the two hyperparameters the trainer drives every step: the lr factor and gamma.
+"""The learning-rate schedule the trainer drives every step (gamma's is its config's:
+mars.optim.config.GammaScheduleConfig).
 
 LRSchedule: learning-rate schedules as a multiplier on the optimizer's base learning rates.
 
@@ -106,28 +107,3 @@ def _remaining(shape: str, progress: float) -> float:
     if shape == "linear":
         return 1.0 - progress
     return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
-
-
-class GammaSchedule:
-    """gamma_t of the MARS family (optimizer.gamma_schedule; docs/algorithms.md section 7).
-
-    Linear warmup from `start` (at step 0) to `peak` (optimizer.gamma, reached at step warmup_steps),
-    then `constant` at the peak, or a `linear` / `cosine` decay to `end`, reached at `decay_steps`
-    (null: train.max_steps) and kept after it. Values are absolute: gamma_t is what the optimizer uses
-    at step t.
-    """
-
-    def __init__(self, peak: float, cfg, max_steps: int):
-        """cfg: a validated GammaScheduleConfig (the optimizer config's validate() checks it)."""
-        self.peak, self.name = float(peak), cfg.name
-        self.start, self.end = float(cfg.start), float(cfg.end)
-        self.warmup_steps = int(cfg.warmup_steps)
-        self.decay_steps = int(cfg.decay_steps if cfg.decay_steps is not None else max_steps)
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.start + (self.peak - self.start) * step / self.warmup_steps
-        if self.name == "constant":
-            return self.peak
-        progress = min(1.0, (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps))
-        return self.end + _remaining(self.name, progress) * (self.peak - self.end)

@@ -46,7 +46,7 @@ from mars.train.metrics import Metrics, MetricsFile, Progress, check_metrics, lo
 from mars.train.outcome import TrainingDivergedError, settings_digest
 from mars.train.resume import load_optimizer_state
 from mars.train.rundir import resume_command
-from mars.train.schedule import GammaSchedule, LRSchedule
+from mars.train.schedule import LRSchedule
 
 log = logging.getLogger(__name__)
 
@@ -225,20 +225,17 @@ class Trainer:
         self.average = WeightAverage(self.cfg.train, self.cfg.schedule, self.raw_model, average_model)
 
     def _build_optimizer(self) -> None:
-        """The optimizer of the config over raw_model, and its lr (and, for MARS, gamma) schedule."""
-        from mars.optim import build_optimizer
+        """The optimizer of the config over raw_model (its values were checked with the run's config,
+        mars.train.config.validate: not again here), and its lr (and, for MARS, gamma) schedule."""
+        from mars.optim import registered
 
         c, t = self.cfg, self.cfg.train
         # ddp: Newton-Schulz is divided over the ranks (FSDP2's DTensor parameters carry their mesh)
         replicated = torch.distributed.group.WORLD if self.ddp else None
-        self.optimizer = build_optimizer(self.raw_model, c.optimizer, process_group=replicated)
+        spec = registered(c.optimizer.name)
+        self.optimizer = spec.build(self.raw_model, c.optimizer, process_group=replicated)
         self.exact = bool(getattr(self.optimizer, "needs_previous_grads", False))
         self.schedule = LRSchedule.from_config(c.schedule, c.optimizer.lr, t.max_steps)
-        self.gamma_schedule = (
-            GammaSchedule(c.optimizer.gamma, c.optimizer.gamma_schedule, t.max_steps)
-            if hasattr(c.optimizer, "gamma_schedule")
-            else None
-        )
 
     def _restore(self, step_dir: Path | None) -> str | None:
         """The loop's counters, health history and the sums of the current log window, fresh or from the
@@ -634,8 +631,9 @@ class Trainer:
         s = self.state
         t0 = time.perf_counter()
         set_lr_factor(self.optimizer, self.schedule(s.step))
-        if self.gamma_schedule is not None:
-            set_gamma(self.optimizer, self.gamma_schedule(s.step))
+        opt = self.cfg.optimizer
+        if getattr(opt, "gamma_schedule", None) is not None:  # the MARS family
+            set_gamma(self.optimizer, opt.gamma_schedule.gamma(s.step, opt.gamma, self.cfg.train.max_steps))
         self.timer.begin()
         loss_sum, norm = self.forward_backward_step(s.step)
         self.timer.middle()

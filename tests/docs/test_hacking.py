@@ -302,6 +302,32 @@ def test_the_path_of_gamma_names_files_that_hold_what_it_says():
             assert word in text, f"{path.relative_to(ROOT)} does not hold {word} (docs/hacking.md: {symbol})"
 
 
+def names_in_code(path: Path, word: str) -> bool:
+    """Whether the code of `path` names `word`: in an identifier, or in a string constant that is a key
+    (no spaces; docstrings and messages are prose, not code)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        for text in (getattr(node, a, None) for a in ("id", "attr", "arg", "name")):
+            if isinstance(text, str) and word in text.lower():
+                return True
+        value = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(value, str) and word in value.lower() and not any(c.isspace() for c in value):
+            return True
+    return False
+
+
+def test_no_file_off_the_path_of_gamma_names_it():
+    """The path of gamma is complete: every file of mars/ whose code names gamma is a row of the table or
+    one of the readers the section names after it."""
+    text = section(PATH_HEADING)
+    gamma = text[: text.index("`optimizer.lr` (")]
+    named = {ROOT / n for n in NAME.findall(gamma) if n.startswith("mars/") and n.endswith(".py")}
+    naming = {path for path in MARS.rglob("*.py") if names_in_code(path, "gamma")}
+    assert naming, "the scan finds no file: it is broken"
+    missing = sorted(str(p.relative_to(ROOT)) for p in naming - named)
+    assert not missing, f"files whose code names gamma, not on docs/hacking.md's path of gamma: {missing}"
+
+
 HYDRA_HEADING = "## What the harness takes from Hydra"
 
 

@@ -155,6 +155,25 @@ def test_validate_checks_divisibility_against_the_world_size():
         validate(cfg, world_size=4)
 
 
+def test_validate_checks_a_config_once_and_a_changed_one_again(monkeypatch):
+    """The run's own validate after the command's precheck is free, and never lets a changed config by."""
+    import mars.train.config as config
+
+    cfg = compose(["optimizer.gamma=0.0125"])
+    validate(cfg)
+    calls = []
+    monkeypatch.setattr(config, "_validate", lambda *a: calls.append(a))
+    validate(cfg)
+    validate(compose(["optimizer.gamma=0.0125"]))  # composed again: the same config
+    assert calls == []
+    monkeypatch.undo()
+    cfg.optimizer.gamma = -1.0
+    with pytest.raises(ConfigError, match="optimizer.gamma=-1.0 must be a finite number >= 0"):
+        validate(cfg)
+    with pytest.raises(ConfigError, match="optimizer.gamma=-1.0"):
+        validate(cfg)  # a config that failed is checked (and refused) every time
+
+
 def test_validate_rejects_min_lr_above_lr_and_bad_choices():
     with pytest.raises(ConfigError, match="schedule.min_lr"):
         validate(compose(["schedule.min_lr=1.0"]))

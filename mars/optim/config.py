@@ -90,6 +90,14 @@ class OptimizerConfig:
         return [f.name for f in fields(cls)]
 
 
+def decay_remaining(shape: str, progress: float) -> float:
+    """How much of the way from a decay's end value back to its peak remains at `progress` in [0, 1]
+    (`linear` or `cosine`): the gamma schedule's and the lr schedule's (mars.train.schedule) one shape."""
+    if shape == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+
+
 @dataclass
 class GammaScheduleConfig:
     """optimizer.gamma_schedule: gamma_t for the MARS family (docs/algorithms.md section 7), which the
@@ -113,8 +121,7 @@ class GammaScheduleConfig:
             return peak
         decay_steps = self.decay_steps if self.decay_steps is not None else max_steps
         progress = min(1.0, (step - self.warmup_steps) / (decay_steps - self.warmup_steps))
-        remaining = 1.0 - progress if self.name == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.end + remaining * (peak - self.end)
+        return self.end + decay_remaining(self.name, progress) * (peak - self.end)
 
     def validate(self, max_steps: int | None = None) -> None:
         """The schedule's values, and that its decay ends after its warmup (at decay_steps, or at

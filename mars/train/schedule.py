@@ -15,6 +15,7 @@ import math
 
 from mars.checks import choice, fraction, reported_as
 from mars.errors import ConfigError
+from mars.optim.config import decay_remaining
 
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 
@@ -69,7 +70,7 @@ class LRSchedule:
             progress = min(1.0, (step - self.stable_end) / span) if span > 0 else 1.0
             return 1.0 - progress * (1.0 - m)
         progress = min(1.0, (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps))
-        return m + _remaining(self.name, progress) * (1.0 - m)
+        return m + decay_remaining(self.name, progress) * (1.0 - m)
 
 
 def _decay_steps(schedule_cfg, max_steps: int) -> int:
@@ -100,10 +101,3 @@ def decay_start(max_steps: int, schedule_cfg) -> int:
     if name == "constant":
         return max(decay_steps, warmup)
     return warmup
-
-
-def _remaining(shape: str, progress: float) -> float:
-    """How much of the way from the end value back to the peak remains at `progress` in [0, 1]."""
-    if shape == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine

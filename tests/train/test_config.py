@@ -1,6 +1,7 @@
 """Config composition, the structured schema, validation, and the paper presets against docs/algorithms.md."""
 
 import itertools
+import math
 import shutil
 from pathlib import Path
 
@@ -50,23 +51,32 @@ def test_every_group_combination_composes():
     """Each option of each group composes through Hydra; then every model x data x optimizer x schedule
     combination of those nodes (logger options cycled through) merges into the structured schema, which
     type-checks every value, and validates. Hydra's composition of these independent groups is exactly
-    that merge, done here without its ~80 ms overhead per config."""
+    that merge, done here without its ~80 ms overhead per config: data and schedule are merged once per
+    pair, into which each optimizer and model then goes in place of the last."""
     base = compose()
-    groups = ("model", "data", "optimizer", "schedule")
-    nodes = {g: {o: compose([f"{g}={o}"])[g] for o in options(g)} for g in (*groups, "logger")}
+    nodes = {
+        g: {o: compose([f"{g}={o}"])[g] for o in options(g)}
+        for g in ("model", "data", "optimizer", "schedule", "logger")
+    }
     assert nodes["optimizer"]["adamw"].name == "adamw" and nodes["schedule"]["wsd"].name == "wsd"
     loggers = itertools.cycle(nodes["logger"].values())
+    merged = [
+        OmegaConf.merge(base, {"data": data, "schedule": schedule}, {"logger": next(loggers)})
+        for data, schedule in itertools.product(nodes["data"].values(), nodes["schedule"].values())
+    ]
     count = 0
-    for combo in itertools.product(*(nodes[g].values() for g in groups)):
-        chosen = dict(zip(groups, combo, strict=True))
+    for cfg, optimizer, model in itertools.product(
+        merged, nodes["optimizer"].values(), nodes["model"].values()
+    ):
         # optimizer and model have a schema per choice: Hydra replaces those nodes, it does not merge
-        optimizer, model = chosen.pop("optimizer"), chosen.pop("model")
-        cfg = OmegaConf.merge(base, chosen, {"logger": next(loggers)})
         cfg.optimizer, cfg.model = optimizer, model
         validate(cfg)
         count += 1
-    assert count >= 5 * 4 * 8 * 4
+    assert (
+        count == math.prod(len(nodes[g]) for g in ("model", "data", "optimizer", "schedule")) >= 5 * 4 * 8 * 4
+    )
     assert isinstance(OmegaConf.to_object(cfg), Config)
+    assert (cfg.optimizer.name, cfg.model.n_embd) == (optimizer.name, model.n_embd)  # the last replacements
 
 
 def test_every_experiment_composes_and_validates():

@@ -60,6 +60,7 @@ def test_a_smoke_study_of_the_real_train_py_runs_to_its_report(tmp_path, data_ro
     assert json.loads((tmp_path / "by_hand" / "report.json").read_text()) == study["verdict"]
 
 
+@pytest.mark.extended  # CI: the same kill and resume in process, tests/study/test_driver.py
 def test_a_driver_killed_mid_way_resumes_with_only_the_missing_trials(tmp_path, data_root):
     study_dir, ledger = tmp_path / "killed", tmp_path / "ledger.txt"
     command = study_command(

@@ -11,6 +11,9 @@ import functools
 import pytest
 from dist_helpers import run_ranks
 
+# the module's counts (16 models on a gloo rank, ~18 s) are made once: its tests share one xdist worker
+# (make test runs the suite with --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("compile_counts")
 SIZES = {"n_embd": 32, "block_size": 16, "vocab_size": 128}
 MODELS = {
     "gpt2": {"arch": "gpt2", "n_head": 2, **SIZES},

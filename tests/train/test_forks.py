@@ -301,9 +301,8 @@ def test_the_init_from_check_reads_the_config_not_the_model(monkeypatch, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "model", [pytest.param([], id="gpt2"), pytest.param(LLAMA, id="llama", marks=pytest.mark.extended)]
-)
+@pytest.mark.extended  # CI: the same in one process (above) and fsdp's resharded state (test_average.py)
+@pytest.mark.parametrize("model", [pytest.param([], id="gpt2"), pytest.param(LLAMA, id="llama")])
 def test_a_budget_branch_on_two_fsdp_ranks_equals_the_standalone_run(data_root, tmp_path, model):
     """The same as in one process, under train.parallel=fsdp on 2 ranks (sharded checkpoints)."""
     from test_e2e import TRAIN, final_weights, run

@@ -21,14 +21,13 @@ install:
 train: install
 	$(PYTHON) train.py $(ARGS)
 
-# Both suites run on every core (pytest-xdist); the slow one keeps each file's tests in one worker
-# (--dist loadfile), so that a module's shared multi-process fixture runs once, and the fast one does so
-# for a module marked xdist_group (--dist loadgroup).
+# One run of both suites on every core (pytest-xdist, --dist loadgroup): the tests of a slow file, and of a
+# module marked xdist_group, share one worker (tests/conftest.py), so that its multi-process fixture runs
+# once; the fast tests fill the other worker meanwhile.
 test: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m pytest -q -m "not slow" -n auto --dist loadgroup
-	$(PYTHON) -m pytest -q -m "slow and not extended" -n auto --dist loadfile
+	$(PYTHON) -m pytest -q -m "not extended" -n auto --dist loadgroup
 
 # test plus the extended tier (-m extended: the heaviest end-to-end tests, about 6 more minutes on 2 cores),
 # left out of CI to keep it under 10 minutes: studies of the real train.py (smoke, budgets, submitit), fsdp
@@ -36,7 +35,7 @@ test: install
 # and a 2x2 sweep, submitit, LLaMA's SIGKILL resume, fsdp budget branches, a killed study driver's resume,
 # 4-rank optimizers, train-then-evaluate.
 test-all: test
-	$(PYTHON) -m pytest -q -m extended -n auto --dist loadfile
+	$(PYTHON) -m pytest -q -m extended -n auto --dist loadgroup
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" -n auto --dist loadgroup

@@ -28,6 +28,15 @@ import torch  # noqa: E402
 torch.set_num_threads(THREADS)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """The tests of one slow file share an xdist worker (make test: --dist loadgroup), so that the file's
+    module-scoped multi-process fixture runs once; the other tests go to whichever worker is free."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     random.seed(0)

@@ -172,17 +172,17 @@ def register_configs() -> None:
         nodes.append((MODEL_SCHEMA_GROUP, name, "model", arch(name).config))
         if f"{MODEL_SCHEMA_GROUP}/{name}@" not in presets:
             nodes.append(("model", name, "model", arch(name).config))
-    if nodes != _STORED:
-        store = ConfigStore.instance()
+    store = ConfigStore.instance()
+    if _STORED != [store, nodes]:  # (Hydra's launchers may hand a process another ConfigStore)
         for group, name, errors_as, node in nodes:
             store.store(
                 group=group, name=name, node=node if group is None else _schema(errors_as, name, node)
             )
-        _STORED[:] = nodes
+        _STORED[:] = [store, nodes]
     store_config_options(configs)
 
 
-_STORED: list = []  # the nodes register_configs last stored
+_STORED: list = []  # the ConfigStore register_configs last stored into, and the nodes
 
 
 def _schema(group: str, name: str, config: type) -> type:

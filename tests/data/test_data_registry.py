@@ -200,6 +200,8 @@ def test_a_yaml_only_hugging_face_dataset(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    import mars.data.cli  # noqa: F401  (stores the prepare command's schema, prepare_schema, that prepare.yaml names)
+
     with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
         composed = compose(
             "prepare", ["data=tiny_corpus", f"data.root={tmp_path / 'data'}", "data.num_workers=1"]

@@ -248,9 +248,8 @@ _VALIDATED: set[tuple[str, int]] = set()  # (content, world size) of each config
 def validate(cfg: Any, world_size: int = 1) -> None:
     """Raise ConfigError on the first value that cannot work. Cheap: reads no files. A composed config
     passes once per process: the run's own call after the command's precheck (mars.train.cli) is free."""
-    seen = (
-        (str(cfg), world_size) if OmegaConf.is_config(cfg) else None
-    )  # its values, interpolations unresolved
+    # str(cfg): its values, interpolations unresolved (0.2 ms; to_yaml took 7)
+    seen = (str(cfg), world_size) if OmegaConf.is_config(cfg) else None
     if seen in _VALIDATED:
         return
     with reported_as(ConfigError):
